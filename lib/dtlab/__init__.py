@@ -1,0 +1,50 @@
+"""dtlab: a hands-on lab for distributed deep-learning training.
+
+Start here::
+
+    import dtlab
+    with dtlab.Cluster(4) as cluster:          # four real ranks, process group kept warm
+        out = cluster.run(my_fn, x=3)          # my_fn runs on every rank; results in rank order
+        out.trace                              # the spans each rank recorded, clocks aligned
+
+Inside a function run on the cluster (or under ``torchrun``), ``dtlab.rank()``,
+``dtlab.world_size()`` and ``dtlab.device()`` say who and where this rank is.
+"""
+
+from dtlab.runtime.context import (
+    barrier,
+    device,
+    group_of,
+    is_distributed,
+    local_rank,
+    rank,
+    split_into_groups,
+    world_size,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "RankError",
+    "ClusterTimeout",
+    "launch",
+    "rank",
+    "world_size",
+    "local_rank",
+    "device",
+    "barrier",
+    "group_of",
+    "split_into_groups",
+    "is_distributed",
+    "__version__",
+]
+
+
+def __getattr__(name: str):
+    # The Cluster pulls in multiprocessing machinery; import it only when asked for.
+    if name in ("Cluster", "RankError", "ClusterTimeout", "RankDied", "launch", "RunResult"):
+        from dtlab import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'dtlab' has no attribute {name!r}")

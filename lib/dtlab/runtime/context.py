@@ -1,0 +1,89 @@
+"""Who am I? The per-rank view that user functions see, on the Cluster and under torchrun.
+
+Every helper here reads the live ``torch.distributed`` state, so the same function body works
+in a dtlab Cluster worker, a ``torchrun`` process, or a plain single process (rank 0 of 1).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+_groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group (Cluster worker or torchrun)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's global rank (0 outside a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """Number of ranks in the default group (1 outside a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def local_rank() -> int:
+    """Rank within this machine: picks the GPU. Set by the Cluster and by torchrun."""
+    return int(os.environ.get("LOCAL_RANK", rank()))
+
+
+def device() -> torch.device:
+    """The device this rank computes on: ``cuda:<local_rank>`` under NCCL, else CPU."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", local_rank())
+    return torch.device("cpu")
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    """Wait until every rank of ``group`` arrives (no-op outside a process group)."""
+    if is_distributed():
+        dist.barrier(group=group)
+
+
+def group_of(ranks: list[int] | tuple[int, ...]) -> dist.ProcessGroup:
+    """A process group over ``ranks``, created once and cached.
+
+    ``torch.distributed.new_group`` is collective over the *whole* world: every rank must ask for
+    the same groups in the same order, even ranks that are not members.
+    """
+    key = tuple(sorted(ranks))
+    if not key or key[0] < 0 or key[-1] >= world_size() or len(set(key)) != len(key):
+        raise ValueError(
+            f"group ranks {list(ranks)} must be distinct ranks in 0..{world_size() - 1}"
+        )
+    if key not in _groups_by_ranks:
+        _groups_by_ranks[key] = dist.new_group(list(key))
+    return _groups_by_ranks[key]
+
+
+def split_into_groups(group_size: int) -> tuple[dist.ProcessGroup, list[list[int]]]:
+    """Cut the world into consecutive blocks of ``group_size`` ranks (e.g. "nodes").
+
+    Returns this rank's group and the rank lists of all blocks. Every rank must call it.
+    """
+    n = world_size()
+    if group_size <= 0 or n % group_size:
+        divisors = [d for d in range(1, n + 1) if n % d == 0]
+        raise ValueError(
+            f"group size {group_size} does not divide world size {n}; choose one of {divisors}"
+        )
+    blocks = [list(range(start, start + group_size)) for start in range(0, n, group_size)]
+    mine = None
+    for block in blocks:
+        group = group_of(block)
+        if rank() in block:
+            mine = group
+    assert mine is not None
+    return mine, blocks
+
+
+def _forget_groups() -> None:
+    """Drop cached groups when the process group is torn down."""
+    _groups_by_ranks.clear()
