@@ -1,0 +1,331 @@
+"""The Cluster: a warm pool of N real ranks that runs notebook functions on every rank.
+
+::
+
+    cluster = Cluster(4)                      # gloo on CPU here; NCCL, one rank per GPU, on a GPU box
+    out = cluster.run(lambda: dtlab.rank())   # [0, 1, 2, 3], from four processes
+    out.trace                                 # spans recorded on each rank, one aligned clock
+
+What happens where:
+
+* ``Cluster(...)`` forks N processes from a forkserver that has torch preloaded. Each joins one
+  ``torch.distributed`` process group through a ``FileStore`` in a private temporary directory
+  (mode 0700, no TCP port to race for) and keeps it for the Cluster's lifetime.
+* ``run(fn, ...)`` cloudpickles ``fn`` (so lambdas and closures from a notebook cell work), sends it
+  to every rank over a Unix pipe, and waits for all of them. Results come back in rank order.
+* If a rank raises, the caller gets :class:`RankError` with that rank's traceback. If ranks hang
+  past ``timeout``, their Python stacks are dumped and :class:`ClusterTimeout` names the collective
+  each was stuck in. If a rank dies, :class:`RankDied` names it. After a hang or a death the pool
+  is killed and a fresh one starts on the next ``run``.
+* ``close()``, garbage collection, interpreter exit and a kernel interrupt during ``run`` all kill
+  every rank process: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+import weakref
+from multiprocessing.connection import wait
+
+import cloudpickle
+
+from dtlab.runtime.devices import choose_placement
+from dtlab.runtime.errors import (
+    ClusterTimeout,
+    RankDied,
+    RankError,
+    ResultNotPicklable,
+)
+from dtlab.runtime.hang import describe_blocking_call
+from dtlab.runtime.pool import RankPool, remove_workdir
+from dtlab.trace import Trace
+
+# After one rank raises, how long the others get to finish before we call them stuck.
+_ERROR_GRACE_S = 2.0
+
+
+class RunResult(list):
+    """Per-rank return values in rank order, plus the call's merged :class:`Trace`."""
+
+    def __init__(self, values, trace: Trace, seconds: float):
+        super().__init__(values)
+        self.trace = trace
+        self.seconds = seconds
+
+
+def _shutdown(pool_holder: list, workdir: str) -> None:
+    for pool in pool_holder:
+        if pool is not None:
+            pool.stop(grace_s=2.0)
+    pool_holder.clear()
+    remove_workdir(workdir)
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class Cluster:
+    """A persistent pool of ``world_size`` rank processes with a warm process group.
+
+    Args:
+        world_size: number of ranks (>= 1).
+        device: ``"auto"`` (NCCL with one GPU per rank if there are enough GPUs, else gloo on
+            CPU), ``"cpu"`` or ``"cuda"``.
+        timeout: seconds a ``run`` may take before the unfinished ranks count as hung.
+        env: extra environment variables for every rank.
+        start_timeout: seconds the ranks get to start and join the process group.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        device: str = "auto",
+        timeout: float = 60.0,
+        env: dict | None = None,
+        start_timeout: float = 60.0,
+    ):
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        placement = choose_placement(device, world_size)
+        self.world_size = world_size
+        self.backend = placement.backend
+        self.device_type = placement.device_type
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.restarts = 0
+        self.last_trace: Trace | None = None
+        self._workdir = tempfile.mkdtemp(prefix="dtlab-cluster-")  # created with mode 0700
+        self._generation = 0
+        self._call_id = 0
+        self._sent_sys_path: list[str] | None = None
+        self._pool_holder: list[RankPool | None] = [None]
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool_holder, self._workdir)
+        self._start_pool()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def _pool(self) -> RankPool | None:
+        return self._pool_holder[0] if self._pool_holder else None
+
+    def _start_pool(self) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeError("this Cluster is closed; create a new one")
+        self._generation += 1
+        self._sent_sys_path = None
+        # The collective timeout is longer than ours, so our watchdog reports a hang first.
+        self._pool_holder[0] = RankPool(
+            self.world_size,
+            self.backend,
+            self._workdir,
+            self._generation,
+            collective_timeout_s=self.timeout + 60.0,
+            env=self.env,
+            start_timeout_s=self.start_timeout,
+        )
+
+    def _discard_pool(self) -> None:
+        pool = self._pool
+        self._pool_holder[0] = None
+        if pool is not None:
+            pool.kill()
+
+    def restart(self) -> None:
+        """Kill the ranks and start fresh ones (a new process group)."""
+        self._discard_pool()
+        self.restarts += 1
+        self._start_pool()
+
+    def close(self) -> None:
+        """Stop every rank and delete the rendezvous directory. Idempotent."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, in rank order (empty while no pool is running)."""
+        pool = self._pool
+        return list(pool.pids) if pool else []
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("warm" if self._pool else "restarting")
+        return (
+            f"Cluster(world_size={self.world_size}, backend={self.backend!r}, "
+            f"device={self.device_type!r}, {state})"
+        )
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, fn, *args, **kwargs) -> RunResult:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order."""
+        if not callable(fn):
+            raise TypeError(f"Cluster.run needs a function, got {type(fn).__name__}")
+        if self.closed:
+            raise RuntimeError("this Cluster is closed; create a new one")
+        try:
+            payload = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as exc:
+            raise TypeError(
+                f"could not send {getattr(fn, '__name__', fn)!r} and its arguments to the ranks: "
+                f"{exc}. Pass tensors, numbers and plain containers; create locks, files and "
+                f"sockets inside the function instead."
+            ) from exc
+        if self._pool is None or not self._pool.alive():
+            if self._pool is not None:
+                self._discard_pool()
+            self.restarts += 1
+            self._start_pool()
+        self._call_id += 1
+        sys_path = None if self._sent_sys_path == sys.path else list(sys.path)
+        started = time.perf_counter()
+        try:
+            for conn in self._pool.conns:
+                conn.send(("run", self._call_id, payload, sys_path))
+            self._sent_sys_path = list(sys.path)
+            replies = self._collect(self._call_id)
+        except BaseException:
+            # KeyboardInterrupt or an error: ranks may be mid-collective, so start over.
+            self._discard_pool()
+            raise
+        values = [cloudpickle.loads(data) for (_, _, data, _) in replies]
+        result_trace = Trace.from_rank_spans([spans for (*_, spans) in replies])
+        self.last_trace = result_trace
+        return RunResult(values, result_trace, time.perf_counter() - started)
+
+    def _collect(self, call_id: int) -> list[tuple]:
+        pool = self._pool
+        replies: list[tuple | None] = [None] * self.world_size
+        pending = set(range(self.world_size))
+        first_error: int | None = None
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            waitables = [pool.conns[r] for r in pending] + [pool.procs[r].sentinel for r in pending]
+            ready = wait(waitables, timeout=max(0.0, deadline - time.monotonic()))
+            for rank in sorted(pending):
+                if pool.conns[rank] in ready:
+                    try:
+                        reply = pool.conns[rank].recv()
+                    except (EOFError, OSError):
+                        self._raise_rank_died(rank, replies)  # its end of the pipe closed
+                    if reply[1] != call_id:
+                        continue
+                    replies[rank] = reply
+                    pending.discard(rank)
+                    if reply[0] == "error" and first_error is None:
+                        first_error = rank
+                        deadline = min(deadline, time.monotonic() + _ERROR_GRACE_S)
+                elif pool.procs[rank].sentinel in ready:
+                    self._raise_rank_died(rank, replies)
+            if pending and not ready:
+                if first_error is not None:
+                    self._raise_rank_error(first_error, replies, stuck=sorted(pending))
+                self._raise_timeout(sorted(pending))
+        if first_error is not None:
+            self._raise_rank_error(first_error, replies, stuck=[])
+        return replies
+
+    def _raise_rank_error(self, rank: int, replies: list, stuck: list[int]) -> None:
+        exc_type, message, remote_tb, what = replies[rank][2]
+        failed = [r for r, rep in enumerate(replies) if rep is not None and rep[0] == "error"]
+        note_lines = []
+        if len(failed) > 1:
+            note_lines.append(f"ranks {failed} all raised; showing rank {rank}.")
+        if stuck:
+            descriptions = self._describe(stuck)
+            self._discard_pool()
+            note_lines.append(
+                f"ranks {stuck} were left waiting on it "
+                + "; ".join(f"(rank {r}: {d})" for r, d in descriptions.items())
+                + ". The cluster was restarted; the next run starts fresh ranks."
+            )
+        note = "\n".join(note_lines)
+        if what == "unpicklable":
+            raise ResultNotPicklable(
+                rank,
+                exc_type,
+                f"the value returned on rank {rank} could not be sent back ({message}). Return "
+                f"tensors, numbers, strings and lists/dicts of them.",
+                remote_tb,
+                note,
+            )
+        raise RankError(rank, exc_type, message, remote_tb, note)
+
+    def _describe(self, ranks: list[int]) -> dict[int, str]:
+        dumps = self._pool.dump_stacks(ranks)
+        return {r: describe_blocking_call(dumps.get(r, "")) for r in ranks}
+
+    def _raise_timeout(self, pending: list[int]) -> None:
+        descriptions = self._describe(pending)
+        finished = [r for r in range(self.world_size) if r not in pending]
+        self._discard_pool()
+        lines = [f"ranks {pending} did not finish within {self.timeout:g} s."]
+        lines += [f"  rank {r}: {d}" for r, d in descriptions.items()]
+        if finished:
+            lines.append(f"  ranks {finished} finished.")
+        lines.append(
+            "A collective completes only when every rank in its group calls it with matching "
+            "shapes, in the same order; a send waits for its recv. The cluster was restarted; "
+            "the next run starts fresh ranks."
+        )
+        raise ClusterTimeout("\n".join(lines), descriptions)
+
+    def _raise_rank_died(self, rank: int, replies: list) -> None:
+        pool = self._pool
+        proc = pool.procs[rank]
+        proc.join(timeout=2.0)
+        exitcode = proc.exitcode
+        others = [r for r in range(self.world_size) if r != rank and replies[r] is None]
+        self._discard_pool()
+        hint = ""
+        if exitcode == -signal.SIGKILL:
+            hint = " (SIGKILL: killed from outside, often by the out-of-memory killer)"
+        raise RankDied(
+            f"rank {rank} (pid {pool.pids[rank]}) {_signal_name(exitcode)}{hint} during the run."
+            + (f" Ranks {others} had not finished." if others else "")
+            + " The cluster was restarted; the next run starts fresh ranks.",
+            rank,
+            exitcode,
+        )
+
+
+def current_pids_of(cluster: Cluster) -> list[int]:
+    """Helper for tests and ``dtlab doctor``: the live rank pids of ``cluster``."""
+    return [pid for pid in cluster.pids if _pid_alive(pid)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False

@@ -1,0 +1,89 @@
+"""Run the same user function under ``torchrun`` (and Slurm's ``srun torchrun``) or a Cluster.
+
+A training script written for the labs ends with::
+
+    if __name__ == "__main__":
+        results = dtlab.launch(train, steps=100, world_size=4)
+
+* Started with ``python train.py``, ``launch`` opens a local :class:`Cluster` of ``world_size``
+  ranks and runs ``train`` on each.
+* Started with ``torchrun --nnodes=2 --nproc-per-node=8 train.py``, each process *is* a rank:
+  ``launch`` joins the process group from torchrun's environment (``env://``: RANK, WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT, LOCAL_RANK), runs ``train`` once, and all-gathers every rank's result,
+  so both paths return the same list in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dtlab import trace
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def running_under_torchrun() -> bool:
+    """True when this process was started by torchrun (or another env:// launcher)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> str:
+    """Join the process group described by torchrun's environment; return the backend used.
+
+    ``backend=None`` picks NCCL when this process has a GPU of its own (LOCAL_RANK < GPU count),
+    otherwise gloo. Calling it twice is harmless.
+    """
+    if dist.is_initialized():
+        return dist.get_backend()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend is None:
+        has_gpu = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+        backend = "nccl" if has_gpu else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s)
+    )
+    calibrate = getattr(trace, "calibrate_clock", None)
+    if calibrate is not None:
+        calibrate()
+    return backend
+
+
+def launch(
+    fn, *args, world_size: int | None = None, device: str = "auto", timeout: float = 600.0, **kwargs
+):
+    """Run ``fn(*args, **kwargs)`` on every rank and return the results in rank order.
+
+    Under torchrun the world size comes from the launcher and ``world_size`` is ignored.
+    """
+    if running_under_torchrun():
+        from dtlab.runtime.cluster import RunResult
+
+        init_from_env(timeout_s=timeout)
+        rank = dist.get_rank()
+        started = time.perf_counter()
+        trace.begin_call(rank)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            spans = trace.end_call()
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (value, spans))
+        return RunResult(
+            [v for v, _ in gathered],
+            trace.Trace.from_rank_spans([s for _, s in gathered]),
+            time.perf_counter() - started,
+        )
+
+    from dtlab.runtime.cluster import Cluster
+
+    if world_size is None:
+        raise ValueError("launch() outside torchrun needs world_size=N (how many local ranks)")
+    with Cluster(world_size, device=device, timeout=timeout) as cluster:
+        return cluster.run(fn, *args, **kwargs)

@@ -1,0 +1,189 @@
+"""The processes behind a Cluster: start N ranks, talk to them, kill them without leaving orphans.
+
+Kept apart from :class:`~dtlab.runtime.cluster.Cluster` so that a ``weakref.finalize`` can shut
+the pool down when the Cluster is garbage-collected (the finalizer must not hold the Cluster).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection, wait
+
+from dtlab.runtime.worker import WorkerSpec, worker_main
+
+# Imported once in the forkserver, so each rank starts with torch already loaded.
+_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "dtlab.runtime.worker"]
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Stop multiprocessing from re-running the caller's script in every rank.
+
+    Spawn-style start methods import ``__main__`` again in the child (so a script without an
+    ``if __name__ == "__main__"`` guard would start clusters recursively). Ranks never need it:
+    cloudpickle sends functions defined in ``__main__`` by value.
+    """
+    main = sys.modules.get("__main__")
+    saved = {a: getattr(main, a) for a in ("__file__", "__spec__") if hasattr(main, a)}
+    try:
+        if "__file__" in saved:
+            del main.__file__
+        if main is not None:
+            main.__spec__ = None
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(main, attr, value)
+
+
+def _forkserver_context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+class RankPool:
+    """N live rank processes with one pipe each, plus their private rendezvous directory."""
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: str,
+        workdir: str,
+        generation: int,
+        collective_timeout_s: float,
+        env: dict,
+        start_timeout_s: float,
+    ):
+        self.world_size = world_size
+        self.workdir = workdir
+        self.stack_paths = [
+            os.path.join(workdir, f"stack.g{generation}.rank{r}") for r in range(world_size)
+        ]
+        self.procs: list[mp.Process] = []
+        self.conns: list[Connection] = []
+        self.pids: list[int] = []
+        ctx = _forkserver_context()
+        init_method = f"file://{os.path.join(workdir, f'rendezvous.g{generation}')}"
+        try:
+            for rank in range(world_size):
+                rank_env = {
+                    "RANK": rank,
+                    "LOCAL_RANK": rank,
+                    "WORLD_SIZE": world_size,
+                    "LOCAL_WORLD_SIZE": world_size,
+                    **env,
+                }
+                spec = WorkerSpec(
+                    rank,
+                    world_size,
+                    backend,
+                    init_method,
+                    os.getpid(),
+                    self.stack_paths[rank],
+                    collective_timeout_s,
+                    rank_env,
+                )
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(spec, child_end),
+                    daemon=True,
+                    name=f"dtlab-rank{rank}",
+                )
+                with _main_module_hidden():
+                    proc.start()
+                child_end.close()
+                self.procs.append(proc)
+                self.conns.append(parent_end)
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        self.pids = [0] * self.world_size
+        pending = set(range(self.world_size))
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            remaining = deadline - time.monotonic()
+            waitables = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
+            ready = wait(waitables, timeout=max(0.0, remaining))
+            if not ready:
+                raise TimeoutError(
+                    f"ranks {sorted(pending)} did not join the process group within {timeout_s:.0f} s"
+                )
+            for rank in list(pending):
+                if self.conns[rank] in ready:
+                    _, _, pid = self.conns[rank].recv()
+                    self.pids[rank] = pid
+                    pending.discard(rank)
+                elif self.procs[rank].sentinel in ready:
+                    raise RuntimeError(
+                        f"rank {rank} exited with code {self.procs[rank].exitcode} while starting"
+                    )
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def dump_stacks(self, ranks: list[int], settle_s: float = 1.0) -> dict[int, str]:
+        """Ask ``ranks`` to write their Python stacks (faulthandler on SIGUSR1) and read them."""
+        sizes = {r: _size(self.stack_paths[r]) for r in ranks}
+        for r in ranks:
+            if self.procs[r].is_alive():
+                os.kill(self.procs[r].pid, signal.SIGUSR1)
+        deadline = time.monotonic() + settle_s
+        dumps: dict[int, str] = {}
+        while time.monotonic() < deadline and len(dumps) < len(ranks):
+            time.sleep(0.05)
+            for r in ranks:
+                if r not in dumps and _size(self.stack_paths[r]) > sizes[r]:
+                    time.sleep(0.05)  # let the handler finish writing
+                    with open(self.stack_paths[r]) as f:
+                        f.seek(sizes[r])
+                        dumps[r] = f.read()
+        return dumps
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Polite shutdown: ask every rank to leave the group, then kill whoever is left."""
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank that is still alive and reap it. Safe to call twice."""
+        for proc in self.procs:
+            if proc.is_alive():
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=5.0)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def remove_workdir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,36 @@
+"""Shared fixtures: warm gloo clusters reused across the whole test session.
+
+Starting ranks costs about a second; a session-scoped cluster per world size keeps the suite lean.
+A test that breaks its cluster on purpose (hang, crash) must use its own ``Cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("DTLAB_MODE", "fast")
+
+from dtlab import Cluster  # noqa: E402
+
+
+def _make_cluster(world_size: int):
+    cluster = Cluster(world_size, device="cpu", timeout=120.0)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def cluster2():
+    yield from _make_cluster(2)
+
+
+@pytest.fixture(scope="session")
+def cluster3():
+    yield from _make_cluster(3)
+
+
+@pytest.fixture(scope="session")
+def cluster4():
+    yield from _make_cluster(4)
