@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 
 from dtlab.runtime.worker import WorkerSpec, worker_main
@@ -154,10 +154,8 @@ class RankPool:
     def stop(self, grace_s: float = 5.0) -> None:
         """Polite shutdown: ask every rank to leave the group, then kill whoever is left."""
         for conn in self.conns:
-            try:
+            with suppress(OSError, ValueError):
                 conn.send(("stop",))
-            except (OSError, ValueError):
-                pass
         deadline = time.monotonic() + grace_s
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -167,10 +165,8 @@ class RankPool:
         """SIGKILL every rank that is still alive and reap it. Safe to call twice."""
         for proc in self.procs:
             if proc.is_alive():
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for proc in self.procs:
             proc.join(timeout=5.0)
         for conn in self.conns:
