@@ -1,0 +1,273 @@
+"""Graded coding exercises: a registry of graders and ``check_exercise``, which never raises.
+
+A grader runs the learner's function on real ranks and compares it with the reference::
+
+    @exercise("setup.rank_sum", title="All-reduce your rank", world_size=2)
+    def grade(fn, cluster) -> GradeResult:
+        results = cluster.run(fn)
+        assert_all_ranks_close(results, expected_rank_sum(cluster.world_size), "the sum")
+        return GradeResult(True, "every rank holds the sum")
+
+Graders live in ``dtlab/quiz/graders/<topic>.py`` and are imported lazily the first time an
+exercise is looked up. A lab cell calls ``check_exercise("setup.rank_sum", rank_sum, cluster)``:
+the learner's stub raising ``NotImplementedError``, an error on a rank, a hang, a dead rank, a
+mismatch (an ``AssertionError`` from the grader) — each becomes a failed :class:`GradeResult`
+with a message for the learner, so a student notebook still runs top to bottom.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import math
+import pkgutil
+import re
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class GradeResult:
+    """The outcome of one exercise check; falsy when failed, rendered as a coloured box."""
+
+    passed: bool
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    exercise_id: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        mark = "PASSED" if self.passed else "FAILED"
+        return f"[{mark}] {self.exercise_id}: {self.message}".rstrip()
+
+    def _repr_html_(self) -> str:
+        colour, mark = ("#1a7f37", "✔ Passed") if self.passed else ("#cf222e", "✘ Not yet")
+        rows = "".join(
+            f"<tr><td><b>{html.escape(str(k))}</b></td><td><pre style='margin:0'>"
+            f"{html.escape(str(v))}</pre></td></tr>"
+            for k, v in self.details.items()
+        )
+        details = (
+            f"<details><summary>details</summary><table>{rows}</table></details>" if rows else ""
+        )
+        return (
+            f"<div style='border-left:4px solid {colour};padding:4px 10px'>"
+            f"<b style='color:{colour}'>{mark}</b> <code>{html.escape(self.exercise_id)}</code>"
+            f"<pre style='white-space:pre-wrap;margin:4px 0'>{html.escape(self.message)}</pre>"
+            f"{details}</div>"
+        )
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    topic: str
+    title: str
+    grade: Callable[[Callable, Any], GradeResult]
+    world_size: int = 2
+
+
+_registry: dict[str, Exercise] = {}
+_grader_import_errors: dict[str, str] = {}
+_graders_loaded = False
+
+
+def exercise(
+    exercise_id: str, *, topic: str | None = None, title: str | None = None, world_size: int = 2
+) -> Callable:
+    """Register ``grade(fn, cluster) -> GradeResult`` as the grader of ``exercise_id``."""
+
+    def register(grade: Callable) -> Callable:
+        existing = _registry.get(exercise_id)
+        same = existing is not None and (
+            existing.grade.__module__,
+            existing.grade.__qualname__,
+        ) == (
+            grade.__module__,
+            grade.__qualname__,
+        )
+        if existing is not None and not same:
+            raise ValueError(
+                f"exercise {exercise_id!r} is already graded by "
+                f"{existing.grade.__module__}.{existing.grade.__qualname__}"
+            )
+        _registry[exercise_id] = Exercise(
+            exercise_id, topic or exercise_id.split(".")[0], title or exercise_id, grade, world_size
+        )
+        return grade
+
+    return register
+
+
+def _load_graders() -> None:
+    global _graders_loaded
+    if _graders_loaded:
+        return
+    from dtlab.quiz import graders
+
+    for module in pkgutil.iter_modules(graders.__path__):
+        name = f"{graders.__name__}.{module.name}"
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # one broken grader file must not hide the others
+            _grader_import_errors[name] = f"{type(error).__name__}: {error}"
+    _graders_loaded = True
+
+
+def known_exercises() -> dict[str, Exercise]:
+    """Every registered exercise, after importing all grader modules."""
+    _load_graders()
+    return dict(_registry)
+
+
+def _values_close(got: Any, want: Any, rtol: float, atol: float) -> bool:
+    try:
+        import torch
+
+        got_t, want_t = (
+            torch.as_tensor(got, dtype=torch.float64),
+            torch.as_tensor(want, dtype=torch.float64),
+        )
+        return got_t.shape == want_t.shape and bool(
+            torch.allclose(got_t, want_t, rtol=rtol, atol=atol)
+        )
+    except (TypeError, ValueError, RuntimeError):
+        return isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=rtol, abs_tol=atol)
+
+
+def assert_all_ranks_close(
+    results: list, expected: Any, what: str, rtol: float = 0.0, atol: float = 0.0
+) -> None:
+    """Raise ``AssertionError`` naming every rank whose result differs from ``expected``.
+
+    ``expected`` is one value for all ranks, or a list with one value per rank.
+    """
+    per_rank = expected if isinstance(expected, list) else [expected] * len(results)
+    wrong = [
+        f"rank {r} returned {got!r}, expected {want!r}"
+        for r, (got, want) in enumerate(zip(results, per_rank, strict=True))
+        if not _values_close(got, want, rtol, atol)
+    ]
+    if wrong:
+        raise AssertionError(
+            f"{what} differs on {len(wrong)} of {len(results)} ranks:\n" + "\n".join(wrong)
+        )
+
+
+def _is(error: BaseException, class_name: str) -> bool:
+    # By name, so this works before the runtime is imported and across module reloads.
+    return any(c.__name__ == class_name for c in type(error).__mro__)
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any]]:
+    name = getattr(fn, "__name__", "your function")
+    stub = f"Not implemented yet: write the body of `{name}` (replace the `raise NotImplementedError`)."
+    if isinstance(error, NotImplementedError):
+        return stub, {}
+    if _is(error, "RankError"):
+        rank = getattr(error, "rank", "?")
+        remote = str(getattr(error, "remote_traceback", "") or error)
+        remote_type = getattr(error, "exc_type", "")
+        if remote_type == "NotImplementedError" or re.search(
+            r"^NotImplementedError\b", remote, re.M
+        ):
+            return stub, {"rank": rank}
+        if remote_type:
+            what = f"{remote_type}: {getattr(error, 'remote_message', '')}"
+        else:
+            what = remote.strip().splitlines()[-1] if remote.strip() else str(error)
+        return f"Rank {rank} raised {what}", {"rank": rank, "traceback (tail)": _tail(remote)}
+    if _is(error, "ClusterTimeout"):
+        return (
+            f"`{name}` did not finish in time: a rank is probably waiting in a collective that "
+            f"another rank never called (every rank must call the same collectives in the same order).\n{error}",
+            {},
+        )
+    if _is(error, "RankDied"):
+        return (
+            f"A rank process died while running `{name}` (the pool restarts on the next run).\n{error}",
+            {},
+        )
+    if isinstance(error, AssertionError):
+        return f"Your result does not match the reference.\n{error}", {}
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return f"Checking `{name}` failed with {type(error).__name__}: {error}", {
+        "traceback (tail)": _tail(trace)
+    }
+
+
+def _run_grader(entry: Exercise, fn: Callable, cluster: Any) -> GradeResult:
+    owned = None
+    try:
+        if cluster is None:
+            import dtlab
+
+            cluster = owned = dtlab.Cluster(entry.world_size)
+        outcome = entry.grade(fn, cluster)
+        if isinstance(outcome, GradeResult):
+            return outcome
+        return GradeResult(
+            bool(outcome), "matches the reference" if outcome else "does not match the reference"
+        )
+    except Exception as error:
+        message, details = _explain_failure(error, fn)
+        return GradeResult(False, message, details)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def check_exercise(
+    exercise_id: str,
+    fn: Callable,
+    cluster: Any = None,
+    *,
+    learner: str | None = None,
+    progress_path: str | Path | None = None,
+    record: bool = True,
+) -> GradeResult:
+    """Grade ``fn`` for ``exercise_id`` on ``cluster`` (a temporary one if None); never raises."""
+    _load_graders()
+    entry = _registry.get(exercise_id)
+    if entry is None:
+        broken = "".join(f"\n  {name}: {err}" for name, err in _grader_import_errors.items())
+        known = ", ".join(sorted(_registry)) or "none"
+        message = f"No exercise named {exercise_id!r}. Known exercises: {known}."
+        if broken:
+            message += f"\nSome grader modules failed to import:{broken}"
+        return GradeResult(False, message, exercise_id=exercise_id)
+    if not callable(fn):
+        result = GradeResult(
+            False, f"Pass your function itself, not {type(fn).__name__} (no parentheses)."
+        )
+    else:
+        result = _run_grader(entry, fn, cluster)
+    result.exercise_id = exercise_id
+    if record:
+        try:
+            from dtlab.quiz.bank import bank_version
+            from dtlab.quiz.progress import record_attempt
+
+            record_attempt(
+                item=exercise_id,
+                topic=entry.topic,
+                kind="exercise",
+                correct=result.passed,
+                score=1.0 if result.passed else 0.0,
+                bank_version=bank_version(),
+                learner=learner,
+                path=progress_path,
+            )
+        except (OSError, ValueError) as error:
+            warnings.warn(f"could not record progress: {error}", stacklevel=2)
+    return result

@@ -1,0 +1,173 @@
+"""Every attempt, one JSON line each, in an append-only progress file (default ``~/.dtlab/progress.jsonl``).
+
+A line holds ``ts`` (UTC, ISO 8601), ``learner``, ``item``, ``topic``, ``correct``, ``score`` and
+``bank_version`` (plus ``kind``: the item's kind, or ``"exercise"``). The learner is a
+pseudonym, never a name: a random id created once in ``~/.dtlab/learner_id``, or, when a name is
+given (a workshop seat), ``"h-"`` + a SHA-256 prefix of it.
+
+Safe with many writers: each record is ONE ``os.write`` on an ``O_APPEND`` descriptor while
+holding an exclusive ``fcntl.flock``, so lines never interleave. A writer that died mid-line
+leaves a torn last line; the next writer first starts a fresh line (so its record stays whole),
+and :func:`read_progress` skips unreadable lines and reports them instead of failing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: O_APPEND single writes still keep lines whole on local disks
+    fcntl = None
+
+RECORD_FIELDS = ("ts", "learner", "item", "topic", "correct", "score", "bank_version")
+
+
+def dtlab_home() -> Path:
+    return Path.home() / ".dtlab"
+
+
+def default_progress_path() -> Path:
+    return dtlab_home() / "progress.jsonl"
+
+
+def learner_id(name: str | None = None, id_file: str | Path | None = None) -> str:
+    """A pseudonymous learner id: a hash of ``name`` if given, else this machine's random id."""
+    if name is not None:
+        if not name.strip():
+            raise ValueError("learner name is empty; pass None to use this machine's random id")
+        return "h-" + hashlib.sha256(name.strip().encode()).hexdigest()[:16]
+    path = Path(id_file) if id_file is not None else dtlab_home() / "learner_id"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new_id = "r-" + secrets.token_hex(8)
+    try:
+        # O_EXCL: when two processes race to create it, exactly one id wins and both read it.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(100):  # the winner may not have written its id yet
+            existing = path.read_text().strip()
+            if existing:
+                return existing
+            time.sleep(0.01)
+        path.write_text(new_id + "\n")
+        return new_id
+    with os.fdopen(fd, "w") as handle:
+        handle.write(new_id + "\n")
+    return new_id
+
+
+def append_record(record: dict, path: str | Path | None = None) -> Path:
+    """Append ``record`` as one JSON line, atomically with respect to other writers."""
+    path = Path(path) if path is not None else default_progress_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # close a torn line left by a crashed writer
+        os.write(fd, line)
+    finally:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return path
+
+
+def record_attempt(
+    *,
+    item: str,
+    topic: str,
+    correct: bool,
+    score: float,
+    bank_version: str | None,
+    kind: str,
+    learner: str | None = None,
+    path: str | Path | None = None,
+) -> dict:
+    """Build and append one attempt record; ``learner`` is a name (hashed) or None (machine id)."""
+    record = {
+        "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "learner": learner_id(learner),
+        "item": item,
+        "topic": topic,
+        "kind": kind,
+        "correct": bool(correct),
+        "score": round(float(score), 4),
+        "bank_version": bank_version,
+    }
+    append_record(record, path)
+    return record
+
+
+@dataclass
+class Progress:
+    """The readable records of a progress file, and the line numbers that were skipped."""
+
+    records: list[dict] = field(default_factory=list)
+    skipped_lines: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def summary(self) -> dict[str, dict]:
+        """Per topic: attempts, distinct items tried, items answered correctly at least once."""
+        by_topic: dict[str, dict] = {}
+        for r in self.records:
+            entry = by_topic.setdefault(
+                r["topic"], {"attempts": 0, "items": set(), "solved": set()}
+            )
+            entry["attempts"] += 1
+            entry["items"].add(r["item"])
+            if r["correct"]:
+                entry["solved"].add(r["item"])
+        return {
+            topic: {"attempts": e["attempts"], "items": len(e["items"]), "solved": len(e["solved"])}
+            for topic, e in by_topic.items()
+        }
+
+
+def read_progress(path: str | Path | None = None, learner: str | None = None) -> Progress:
+    """All readable records (optionally one learner's: a name or a pseudonymous id).
+
+    Lines that are not complete JSON records — a write torn by a crash — are skipped, listed in
+    ``skipped_lines`` (1-based) and reported with a warning; nothing else is lost.
+    """
+    path = Path(path) if path is not None else default_progress_path()
+    progress = Progress()
+    if not path.exists():
+        return progress
+    wanted = (
+        None
+        if learner is None
+        else (learner if learner[:2] in ("h-", "r-") else learner_id(learner))
+    )
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict) or any(f not in record for f in RECORD_FIELDS):
+                raise ValueError("not a progress record")
+        except ValueError:
+            progress.skipped_lines.append(number)
+            continue
+        if wanted is None or record["learner"] == wanted:
+            progress.records.append(record)
+    if progress.skipped_lines:
+        warnings.warn(
+            f"{path}: skipped {len(progress.skipped_lines)} unreadable line(s) "
+            f"{progress.skipped_lines} (a write interrupted by a crash); the other records are intact",
+            stacklevel=2,
+        )
+    return progress

@@ -1,0 +1,121 @@
+"""check_exercise on real ranks: the solution passes; stubs, wrong answers and crashes fail politely."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dtlab.quiz import (
+    GradeResult,
+    check_exercise,
+    exercise,
+    grade,
+    known_exercises,
+    load_bank,
+    read_progress,
+)
+from dtlab.quiz.graders.setup import expected_rank_sum
+
+
+def rank_sum():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def rank_sum_stub():
+    raise NotImplementedError("Exercise: all-reduce your rank")
+
+
+def rank_sum_without_all_reduce():
+    return torch.tensor(float(dist.get_rank()))
+
+
+def rank_sum_that_crashes():
+    raise ValueError("shapes do not match")
+
+
+def test_expected_rank_sum_is_the_closed_form():
+    assert [expected_rank_sum(n) for n in (1, 2, 3, 4, 8)] == [0, 1, 3, 6, 28]
+
+
+def test_solution_passes_and_is_recorded(cluster2, tmp_path):
+    path = tmp_path / "progress.jsonl"
+    result = check_exercise("setup.rank_sum", rank_sum, cluster2, learner="ada", progress_path=path)
+    assert result, result.message
+    assert "All 2 ranks hold 1" in result.message
+    assert "Passed" in result._repr_html_()
+    (record,) = read_progress(path).records
+    assert (record["item"], record["kind"], record["correct"]) == (
+        "setup.rank_sum",
+        "exercise",
+        True,
+    )
+
+
+def test_solution_passes_on_three_ranks(cluster3):
+    assert check_exercise("setup.rank_sum", rank_sum, cluster3, record=False)
+
+
+def test_stub_fails_with_not_implemented_message(cluster2):
+    result = check_exercise("setup.rank_sum", rank_sum_stub, cluster2, record=False)
+    assert not result
+    assert result.message.startswith("Not implemented yet: write the body of `rank_sum_stub`")
+
+
+def test_wrong_function_fails_and_says_what_differed(cluster2):
+    result = check_exercise("setup.rank_sum", rank_sum_without_all_reduce, cluster2, record=False)
+    assert not result
+    assert "differs on 1 of 2 ranks" in result.message
+    assert "rank 0 returned 0.0, expected 1" in result.message
+    assert "FAILED" in repr(result)
+
+
+def test_error_on_a_rank_names_the_rank_and_shows_its_traceback(cluster2):
+    result = check_exercise("setup.rank_sum", rank_sum_that_crashes, cluster2, record=False)
+    assert not result
+    assert "raised ValueError: shapes do not match" in result.message
+    assert "rank_sum_that_crashes" in result.details["traceback (tail)"]
+
+
+def test_unknown_exercise_and_non_callables_fail_without_raising(cluster2):
+    unknown = check_exercise("setup.no_such_thing", rank_sum, cluster2, record=False)
+    assert not unknown and "No exercise named 'setup.no_such_thing'" in unknown.message
+    assert "setup.rank_sum" in unknown.message
+    called = check_exercise("setup.rank_sum", torch.tensor(1.0), cluster2, record=False)
+    assert not called and "not Tensor (no parentheses)" in called.message
+
+
+def test_grader_errors_are_caught_too(cluster2):
+    @exercise("demo.grader_bug", topic="demo")
+    def buggy_grader(fn, cluster) -> GradeResult:
+        return {}["missing"]
+
+    result = check_exercise("demo.grader_bug", rank_sum, cluster2, record=False)
+    assert not result and "KeyError" in result.message
+    assert "demo.grader_bug" in known_exercises()
+
+
+def test_code_item_is_graded_through_its_exercise(cluster2):
+    item = load_bank()["setup.rank_sum"]
+    assert grade(item, rank_sum, cluster=cluster2).correct
+    assert not grade(item, rank_sum_stub, cluster=cluster2).correct
+
+
+def test_hangs_and_dead_ranks_become_messages_for_the_learner():
+    from dtlab.quiz.exercises import _explain_failure
+    from dtlab.runtime.errors import ClusterTimeout, RankDied, RankError
+
+    hang, _ = _explain_failure(
+        ClusterTimeout("rank 1 still in all_reduce", {1: "all_reduce"}), rank_sum
+    )
+    assert "did not finish in time" in hang and "rank 1 still in all_reduce" in hang
+    died, _ = _explain_failure(RankDied("rank 0 exited with SIGKILL", 0, -9), rank_sum)
+    assert "A rank process died while running `rank_sum`" in died
+    stub, details = _explain_failure(
+        RankError(
+            1, "NotImplementedError", "Exercise", "Traceback ...\nNotImplementedError: Exercise"
+        ),
+        rank_sum_stub,
+    )
+    assert stub.startswith("Not implemented yet") and details == {"rank": 1}

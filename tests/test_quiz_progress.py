@@ -1,0 +1,115 @@
+"""Progress records: one JSON line per attempt, whole under concurrent writers, torn lines skipped."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+
+import pytest
+
+from dtlab.quiz import attempt, learner_id, read_progress, record_attempt
+from dtlab.quiz.progress import RECORD_FIELDS
+
+WRITERS, RECORDS_EACH = 4, 50
+
+
+def _append_many(path: str, writer: int) -> None:
+    for n in range(RECORDS_EACH):
+        record_attempt(
+            item=f"demo.w{writer}",
+            topic="demo",
+            kind="choice",
+            correct=n % 2 == 0,
+            score=float(n % 2 == 0),
+            bank_version="v" * 200,  # long lines make interleaving visible if writes were split
+            learner=f"writer {writer}",
+            path=path,
+        )
+
+
+def test_concurrent_writers_lose_and_tear_nothing(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    # fork starts in milliseconds; each child is a separate process with its own descriptor.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    writers = [context.Process(target=_append_many, args=(str(path), w)) for w in range(WRITERS)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(60)
+        assert p.exitcode == 0
+    progress = read_progress(path)
+    assert progress.skipped_lines == []
+    assert len(progress) == WRITERS * RECORDS_EACH
+    per_item = {f"demo.w{w}": 0 for w in range(WRITERS)}
+    for record in progress.records:
+        per_item[record["item"]] += 1
+    assert set(per_item.values()) == {RECORDS_EACH}
+
+
+def _write(path, **overrides):
+    fields = dict(
+        item="demo.a", topic="demo", kind="choice", correct=True, score=1.0, bank_version="abc"
+    )
+    fields.update(overrides)
+    return record_attempt(path=path, learner="ada", **fields)
+
+
+def test_torn_last_line_is_skipped_reported_and_the_next_record_stays_whole(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    _write(path)
+    with open(path, "ab") as handle:  # a writer that crashed half-way through its line
+        handle.write(b'{"ts": "2025-01-01", "learner": "h-1", "ite')
+    with pytest.warns(UserWarning, match="skipped 1 unreadable line"):
+        torn = read_progress(path)
+    assert len(torn) == 1 and torn.skipped_lines == [2]
+    _write(path, item="demo.b")
+    with pytest.warns(UserWarning):
+        after = read_progress(path)
+    assert [r["item"] for r in after.records] == ["demo.a", "demo.b"]
+    assert after.skipped_lines == [2]
+
+
+def test_record_has_the_documented_fields_and_never_the_raw_name(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    record = _write(path)
+    assert set(RECORD_FIELDS) <= set(record)
+    line = path.read_text()
+    assert "ada" not in line
+    assert json.loads(line)["learner"] == learner_id("ada")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT.*\+00:00", record["ts"])
+
+
+def test_learner_ids_are_pseudonymous_and_stable(tmp_path):
+    assert learner_id("Ada Lovelace") == learner_id("Ada Lovelace")
+    assert learner_id("Ada Lovelace").startswith("h-") and "Ada" not in learner_id("Ada Lovelace")
+    id_file = tmp_path / "learner_id"
+    first = learner_id(id_file=id_file)
+    assert first.startswith("r-") and learner_id(id_file=id_file) == first
+    with pytest.raises(ValueError, match="learner name is empty"):
+        learner_id("  ")
+
+
+def test_read_progress_filters_by_learner_and_summarises(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    _write(path)
+    _write(path, item="demo.b", correct=False, score=0.0)
+    record_attempt(
+        item="demo.a", topic="demo", kind="choice", correct=True, score=1.0, bank_version="abc",
+        learner="grace", path=path,
+    )  # fmt: skip
+    assert len(read_progress(path, learner="ada")) == 2
+    assert read_progress(path).summary() == {"demo": {"attempts": 3, "items": 2, "solved": 1}}
+    assert len(read_progress(tmp_path / "absent.jsonl")) == 0
+
+
+def test_attempt_grades_and_records_with_the_bank_version(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    result = attempt("setup.rank_sum_value", "28", learner="ada", progress_path=path)
+    assert result.correct
+    (record,) = read_progress(path).records
+    assert record["item"] == "setup.rank_sum_value" and record["topic"] == "setup"
+    from dtlab.quiz import load_bank
+
+    assert record["bank_version"] == load_bank().version
