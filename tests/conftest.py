@@ -12,7 +12,13 @@ import pytest
 
 os.environ.setdefault("DTLAB_MODE", "fast")
 
+import torch  # noqa: E402
+
 from dtlab import Cluster  # noqa: E402
+
+# The test process computes single-process references while rank processes run beside it on the
+# same cores; one intra-op thread each avoids oversubscribing a small machine.
+torch.set_num_threads(1)
 
 
 def _make_cluster(world_size: int):

@@ -3,7 +3,7 @@
 A numeric item says *how* to get its answer::
 
     key:
-      call: dtlab.cost.bubble:bubble_fraction   # module:function, must live in dtlab
+      call: dtlab.cost.bubble:bubble_fraction_of_total   # module:function, must live in dtlab
       kwargs: {stages: 4, microbatches: 8}
       scale: 100                                  # fraction -> percent (optional, default 1)
       pick: bubble                                # a field of the result (optional)

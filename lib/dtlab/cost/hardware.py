@@ -1,0 +1,140 @@
+"""Datasheet numbers for links and GPUs, with where each one comes from.
+
+Units: bandwidths are decimal bytes per second (1 GB/s = 1e9 B/s), link bandwidths are **per
+direction** (one GPU sending to the other while the reverse direction is equally busy), FLOP/s are
+per GPU, and HBM capacities are the datasheet's decimal gigabytes.
+
+Latencies (``alpha_s``) are order-of-magnitude figures for a NCCL/MPI message over that fabric,
+not datasheet values: real ones depend on protocol, message path and software. Fit your own with
+a measured sweep and use the fitted :class:`~dtlab.cost.alpha_beta.Link` instead.
+
+Links:
+
+* **NVLink 4** (H100 SXM5): 18 links × 25 GB/s per direction = **450 GB/s per direction per GPU**;
+  NVIDIA's headline "900 GB/s" is the *bidirectional aggregate* (450 out + 450 in).
+  Source: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), NVLink section; H100 datasheet.
+* **NVLink 3** (A100 SXM4): 12 links × 25 GB/s = 300 GB/s per direction ("600 GB/s" bidirectional).
+  Source: NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020).
+* **PCIe Gen5 x16**: 32 GT/s × 16 lanes with 128b/130b encoding = 63.0 GB/s per direction
+  (marketed as "128 GB/s", again bidirectional). Source: PCI-SIG PCIe 5.0 specification.
+* **PCIe Gen4 x16**: 16 GT/s × 16 lanes, 128b/130b = 31.5 GB/s per direction.
+* **InfiniBand NDR**: 400 Gb/s per port = **50 GB/s per direction per port** (bits, not bytes:
+  divide by 8). Source: NVIDIA ConnectX-7 / Quantum-2 datasheets. HDR: 200 Gb/s = 25 GB/s.
+* **Ethernet** 100 GbE = 12.5 GB/s and 200 GbE = 25 GB/s per direction (IEEE 802.3 line rates).
+* **cpu_gloo_loopback**: a *placeholder* for gloo over TCP loopback between CPU processes on one
+  machine, the fabric the CPU labs actually run on. Its numbers are a rough guess that is meant to
+  be **replaced by fitting α and β to a measured sweep** on your machine.
+
+GPUs (dense tensor-core peaks; NVIDIA headline figures "with sparsity" are exactly 2× these):
+
+* **A100 SXM4**: 312 TFLOP/s BF16 dense (624 sparse), no FP8. 40 GB HBM2 at 1,555 GB/s; 80 GB HBM2e
+  at 2,039 GB/s. Source: NVIDIA A100 datasheet.
+* **H100 SXM5**: ~989 TFLOP/s BF16 dense (989.4) — the often-quoted **1,979 is the 2:4-sparse
+  figure**; FP8 dense 1,979 (3,958 sparse). 80 GB HBM3 at 3.35 TB/s. Sources: NVIDIA H100 datasheet;
+  H100 architecture whitepaper, which gives the unrounded 989.4 / 1,978.9.
+* **H200 SXM**: the same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s. Source: NVIDIA H200 datasheet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtlab.cost.alpha_beta import Link
+
+GB = 1e9
+TFLOP = 1e12
+
+NVLINK4_H100 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=450 * GB, name="NVLink4 (H100 SXM)")
+NVLINK3_A100 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=300 * GB, name="NVLink3 (A100 SXM)")
+PCIE_GEN5_X16 = Link(alpha_s=3e-6, bandwidth_bytes_per_s=63.0 * GB, name="PCIe Gen5 x16")
+PCIE_GEN4_X16 = Link(alpha_s=3e-6, bandwidth_bytes_per_s=31.5 * GB, name="PCIe Gen4 x16")
+IB_NDR_400 = Link(alpha_s=5e-6, bandwidth_bytes_per_s=50 * GB, name="InfiniBand NDR 400 Gb/s")
+IB_HDR_200 = Link(alpha_s=5e-6, bandwidth_bytes_per_s=25 * GB, name="InfiniBand HDR 200 Gb/s")
+ETHERNET_100G = Link(alpha_s=10e-6, bandwidth_bytes_per_s=12.5 * GB, name="Ethernet 100 Gb/s")
+ETHERNET_200G = Link(alpha_s=10e-6, bandwidth_bytes_per_s=25 * GB, name="Ethernet 200 Gb/s")
+CPU_GLOO_LOOPBACK = Link(
+    alpha_s=50e-6, bandwidth_bytes_per_s=2 * GB, name="gloo TCP loopback (placeholder: fit me)"
+)
+
+LINKS: dict[str, Link] = {
+    "nvlink4": NVLINK4_H100,
+    "nvlink3": NVLINK3_A100,
+    "pcie_gen5_x16": PCIE_GEN5_X16,
+    "pcie_gen4_x16": PCIE_GEN4_X16,
+    "ib_ndr_400": IB_NDR_400,
+    "ib_hdr_200": IB_HDR_200,
+    "ethernet_100g": ETHERNET_100G,
+    "ethernet_200g": ETHERNET_200G,
+    "cpu_gloo_loopback": CPU_GLOO_LOOPBACK,
+}
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Peak numbers of one GPU (see the module docstring for sources).
+
+    Attributes:
+        bf16_dense_flops: dense BF16/FP16 tensor-core FLOP/s — the number MFU is measured against.
+        bf16_sparse_flops: the 2:4 structured-sparsity figure (2× dense), for recognising it.
+        fp8_dense_flops: dense FP8 FLOP/s, or ``None`` where the GPU has no FP8 tensor cores.
+        hbm_bytes: memory capacity in decimal bytes.
+        hbm_bandwidth_bytes_per_s: memory bandwidth in decimal bytes per second.
+        nvlink: the GPU's NVLink, per direction.
+    """
+
+    name: str
+    bf16_dense_flops: float
+    bf16_sparse_flops: float
+    fp8_dense_flops: float | None
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    nvlink: Link
+
+
+A100_40GB = GPUSpec(
+    "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40 * GB, 1555 * GB, NVLINK3_A100
+)
+A100_80GB = GPUSpec(
+    "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 80 * GB, 2039 * GB, NVLINK3_A100
+)
+H100_SXM = GPUSpec(
+    "H100 SXM5 80GB",
+    989.4 * TFLOP,
+    1978.9 * TFLOP,
+    1978.9 * TFLOP,
+    80 * GB,
+    3350 * GB,
+    NVLINK4_H100,
+)
+H200_SXM = GPUSpec(
+    "H200 SXM 141GB",
+    989.4 * TFLOP,
+    1978.9 * TFLOP,
+    1978.9 * TFLOP,
+    141 * GB,
+    4800 * GB,
+    NVLINK4_H100,
+)
+
+GPUS: dict[str, GPUSpec] = {
+    "a100_40gb": A100_40GB,
+    "a100_80gb": A100_80GB,
+    "h100_sxm": H100_SXM,
+    "h200_sxm": H200_SXM,
+}
+
+
+def link(name: str) -> Link:
+    """The preset link called ``name`` (one of :data:`LINKS`)."""
+    try:
+        return LINKS[name]
+    except KeyError:
+        raise KeyError(f"no link preset {name!r}; choose one of {sorted(LINKS)}") from None
+
+
+def gpu(name: str) -> GPUSpec:
+    """The preset GPU called ``name`` (one of :data:`GPUS`)."""
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise KeyError(f"no GPU preset {name!r}; choose one of {sorted(GPUS)}") from None
