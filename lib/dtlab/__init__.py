@@ -41,10 +41,20 @@ __all__ = [
 ]
 
 
+_SUBMODULES = {
+    "collectives", "config", "cost", "memory", "models", "parallel", "quiz", "trace", "viz",
+    "workshop",
+}
+
+
 def __getattr__(name: str):
-    # The Cluster pulls in multiprocessing machinery; import it only when asked for.
+    # Submodules and the Cluster load on first use, so `import dtlab` stays quick.
     if name in ("Cluster", "RankError", "ClusterTimeout", "RankDied", "launch", "RunResult"):
         from dtlab import runtime
 
         return getattr(runtime, name)
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"dtlab.{name}")
     raise AttributeError(f"module 'dtlab' has no attribute {name!r}")

@@ -1,0 +1,181 @@
+"""The recorder: what each rank writes down while a function runs on the Cluster.
+
+Spans are timed on ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux: one clock shared by
+every process of a machine) minus this rank's offset to rank 0 (see :mod:`dtlab.trace.clock`),
+so spans from all ranks land on one aligned clock. On a GPU, :func:`cuda_span` times the
+*device* work with CUDA events instead of the host. The runtime brackets every call with
+:func:`begin_call` / :func:`end_call` and ships the spans back as plain dicts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+KINDS = ("compute", "comm", "idle", "memcpy", "optimizer", "other")
+
+
+@dataclass
+class Span:
+    """One interval on one rank. Times are nanoseconds on the rank-0-aligned monotonic clock."""
+
+    rank: int
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    nbytes: int = 0
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Recorder:
+    """The spans this process records during one ``Cluster.run`` call."""
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.clock_offset_ns = 0
+        self.active = False
+        self.spans: list[Span] = []
+        # CUDA spans wait here as event pairs until end_call() converts them (see cuda_span).
+        self.pending_cuda: list[tuple] = []
+        self.cuda_anchors: dict[int, tuple] = {}
+
+
+_recorder = _Recorder()
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"span kind {kind!r} is not one of {KINDS}")
+
+
+def now_ns() -> int:
+    """The aligned clock: this process's monotonic time shifted onto rank 0's."""
+    return time.perf_counter_ns() - _recorder.clock_offset_ns
+
+
+@contextmanager
+def span(name: str, kind: str = "compute", nbytes: int = 0, **labels) -> Iterator[None]:
+    """Record the body as one span of ``kind`` on this rank (free when nobody is recording)."""
+    _check_kind(kind)
+    if not _recorder.active:
+        yield
+        return
+    start = now_ns()
+    try:
+        yield
+    finally:
+        _recorder.spans.append(
+            Span(_recorder.rank, name, kind, start, now_ns(), int(nbytes), dict(labels))
+        )
+
+
+def record(name: str, kind: str, start_ns: int, end_ns: int, nbytes: int = 0, **labels) -> None:
+    """Add a span measured elsewhere (e.g. from CUDA events) on the aligned clock."""
+    _check_kind(kind)
+    if _recorder.active:
+        _recorder.spans.append(
+            Span(_recorder.rank, name, kind, int(start_ns), int(end_ns), int(nbytes), labels)
+        )
+
+
+def _wants_cuda_timing(stream) -> bool:
+    if stream is not None:
+        return True
+    from dtlab.runtime.context import device  # late: the runtime imports this module
+
+    return device().type == "cuda"
+
+
+@contextmanager
+def cuda_span(
+    name: str, kind: str = "compute", nbytes: int = 0, stream=None, **labels
+) -> Iterator[None]:
+    """Time the GPU work enqueued in the body with CUDA events; an ordinary :func:`span` on CPU.
+
+    Kernels and NCCL calls return before the GPU runs them, so host timestamps around them
+    measure only the launch. Here two ``torch.cuda.Event(enable_timing=True)`` are recorded on
+    ``stream`` (default: the current stream) around the body, without synchronising. The first
+    CUDA span of a call sets an *anchor*: after ``torch.cuda.synchronize()`` the device is idle,
+    so an event recorded right then runs at (almost exactly) the host time read beside it.
+    At :func:`end_call` the device is synchronised once and every span is placed at
+    ``anchor_host_ns + anchor_event.elapsed_time(event)``: device times on the aligned clock.
+    The price is two synchronisations per call (first span, end of call), none per span.
+    """
+    _check_kind(kind)
+    if not _recorder.active or not _wants_cuda_timing(stream):
+        with span(name, kind, nbytes, **labels):
+            yield
+        return
+    import torch
+
+    stream = stream if stream is not None else torch.cuda.current_stream()
+    device_index = stream.device.index
+    if device_index not in _recorder.cuda_anchors:
+        torch.cuda.synchronize(device_index)
+        anchor = torch.cuda.Event(enable_timing=True)
+        anchor.record(stream)
+        _recorder.cuda_anchors[device_index] = (anchor, now_ns())
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    try:
+        yield
+    finally:
+        end.record(stream)
+        _recorder.pending_cuda.append(
+            (device_index, start, end, name, kind, int(nbytes), dict(labels))
+        )
+
+
+def _flush_cuda_spans() -> None:
+    pending, _recorder.pending_cuda = _recorder.pending_cuda, []
+    anchors, _recorder.cuda_anchors = _recorder.cuda_anchors, {}
+    if not pending:
+        return
+    import torch
+
+    try:
+        for device_index in anchors:
+            torch.cuda.synchronize(device_index)
+        for device_index, start, end, name, kind, nbytes, labels in pending:
+            anchor, anchor_ns = anchors[device_index]
+            start_ns = anchor_ns + round(anchor.elapsed_time(start) * 1e6)  # ms -> ns
+            end_ns = anchor_ns + round(anchor.elapsed_time(end) * 1e6)
+            _recorder.spans.append(
+                Span(_recorder.rank, name, kind, start_ns, end_ns, nbytes, labels)
+            )
+    except RuntimeError:
+        # A failed kernel leaves the device unusable; the user's own error says why, so the
+        # device spans of this call are dropped rather than hiding that error behind this one.
+        return
+
+
+def begin_call(rank: int) -> None:
+    """Runtime hook: start collecting spans for one call on this rank."""
+    _recorder.rank = rank
+    _recorder.spans = []
+    _recorder.pending_cuda = []
+    _recorder.cuda_anchors = {}  # re-anchor every call so GPU/host clock drift cannot add up
+    _recorder.active = True
+
+
+def end_call() -> list[dict]:
+    """Runtime hook: stop collecting and hand back this call's spans as plain dicts."""
+    _flush_cuda_spans()
+    _recorder.active = False
+    spans, _recorder.spans = _recorder.spans, []
+    return [s.to_dict() for s in spans]
+
+
+def set_clock_offset(offset_ns: int) -> None:
+    """Runtime hook: how far this rank's monotonic clock runs ahead of rank 0's."""
+    _recorder.clock_offset_ns = int(offset_ns)

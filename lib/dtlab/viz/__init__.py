@@ -1,0 +1,29 @@
+"""Plotly figures for the labs, one look for all of them.
+
+* :func:`timeline` — per-rank Gantt of a run's spans (compute, comm, idle, ...).
+* :func:`memory_bars` — memory per rank stacked by category, beside the formula's prediction.
+* :func:`bandwidth_curve` — measured vs alpha-beta bandwidth of a collective over message sizes.
+* :func:`setup_notebook` — pin the renderer and template so saved notebooks are deterministic.
+"""
+
+from dtlab.viz.bandwidth import bandwidth_curve
+from dtlab.viz.memory_bars import memory_bars
+from dtlab.viz.theme import (
+    DTLAB_TEMPLATE,
+    KIND_COLORS,
+    MEMORY_CATEGORIES,
+    MEMORY_COLORS,
+    setup_notebook,
+)
+from dtlab.viz.timeline import timeline
+
+__all__ = [
+    "timeline",
+    "memory_bars",
+    "bandwidth_curve",
+    "setup_notebook",
+    "DTLAB_TEMPLATE",
+    "KIND_COLORS",
+    "MEMORY_CATEGORIES",
+    "MEMORY_COLORS",
+]

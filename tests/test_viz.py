@@ -1,0 +1,179 @@
+"""dtlab.viz: the timeline and memory figures built from hand-made inputs, and the pinned look."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+
+from dtlab import viz
+from dtlab.trace import Span, Trace
+from dtlab.viz.labels import MIB, format_bytes, format_duration_ns
+
+MS = 1_000_000
+
+
+@pytest.fixture
+def ddp_like_trace() -> Trace:
+    return Trace(
+        [
+            Span(0, "backward", "compute", 0, 10 * MS),
+            Span(0, "bucket0", "comm", 6 * MS, 12 * MS, 4096, {"bucket": 0}),
+            Span(0, "adam", "optimizer", 12 * MS, 14 * MS),
+            Span(1, "backward", "compute", 1 * MS, 9 * MS),
+            Span(1, "bucket0", "comm", 9 * MS, 12 * MS, 4096, {"bucket": 0}),
+        ]
+    )
+
+
+def bar(fig: go.Figure, name: str) -> go.Bar:
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_timeline_has_one_coloured_bar_trace_per_kind_in_kind_order(ddp_like_trace):
+    fig = viz.timeline(ddp_like_trace, title="DDP step")
+    assert [t.name for t in fig.data] == ["compute", "comm", "idle", "optimizer"]
+    assert all(isinstance(t, go.Bar) and t.orientation == "h" for t in fig.data)
+    assert {t.name: t.marker.color for t in fig.data} == {
+        k: viz.KIND_COLORS[k] for k in ("compute", "comm", "idle", "optimizer")
+    }
+    assert fig.layout.title.text == "DDP step"
+
+
+def test_timeline_bars_start_and_last_in_ms_from_the_run_start(ddp_like_trace):
+    fig = viz.timeline(ddp_like_trace)
+    compute = bar(fig, "compute")
+    assert list(compute.y) == ["rank 0", "rank 1"]
+    assert list(compute.base) == [0.0, 1.0]
+    assert list(compute.x) == [10.0, 8.0]
+    idle = bar(fig, "idle")  # rank 1 starts 1 ms late and finishes 2 ms early
+    assert sorted(zip(idle.y, idle.base, idle.x, strict=True)) == [
+        ("rank 1", 0.0, 1.0),
+        ("rank 1", 12.0, 2.0),
+    ]
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 0", "rank 1"]
+    assert fig.layout.yaxis.autorange == "reversed"  # rank 0 on top
+
+
+def test_timeline_hover_shows_name_kind_duration_bytes_and_labels(ddp_like_trace):
+    hover = bar(viz.timeline(ddp_like_trace), "comm").hovertext[0]
+    for part in ("bucket0", "rank 0 · comm", "duration 6.000 ms", "4.0 KiB", "4,096 B", "bucket=0"):
+        assert part in hover
+
+
+def test_timeline_draws_idle_only_when_asked(ddp_like_trace):
+    fig = viz.timeline(ddp_like_trace, show_idle=False)
+    assert "idle" not in [t.name for t in fig.data]
+
+
+def test_comm_overlapping_compute_moves_every_ranks_transfers_to_a_lower_lane(ddp_like_trace):
+    fig = viz.timeline(ddp_like_trace)
+    compute, comm, idle = bar(fig, "compute"), bar(fig, "comm"), bar(fig, "idle")
+    # rank 0's bucket0 overlaps its backward: work on the upper half, transfers on the lower
+    assert {(o, w) for o, w in zip(compute.offset, compute.width, strict=True)} == {(-0.4, 0.4)}
+    assert {(o, w) for o, w in zip(comm.offset, comm.width, strict=True)} == {(0.0, 0.4)}
+    assert {(o, w) for o, w in zip(idle.offset, idle.width, strict=True)} == {(-0.4, 0.4)}
+
+
+def test_timeline_without_overlap_uses_one_full_lane_per_rank():
+    naive = Trace(
+        [Span(0, "backward", "compute", 0, 5 * MS), Span(0, "ar", "comm", 5 * MS, 7 * MS)]
+    )
+    fig = viz.timeline(naive)
+    assert [(t.name, list(t.offset), list(t.width)) for t in fig.data] == [
+        ("compute", [-0.4], [0.8]),
+        ("comm", [-0.4], [0.8]),
+    ]
+
+
+def test_timeline_of_an_empty_trace_says_how_to_record_spans():
+    fig = viz.timeline(Trace([]))
+    assert fig.data == ()
+    assert "dtlab.trace.span" in fig.layout.annotations[0].text
+
+
+def test_figures_serialise_identically_and_without_random_ids(ddp_like_trace):
+    first, second = viz.timeline(ddp_like_trace).to_json(), viz.timeline(ddp_like_trace).to_json()
+    assert first == second
+    assert "uid" not in first
+    mem = [{"params": MIB}, {"params": MIB}]
+    assert viz.memory_bars(mem).to_json() == viz.memory_bars(mem).to_json()
+
+
+def measured_totals(fig: go.Figure, which: str | None = None) -> list[float]:
+    """Sum the stacked bar heights per x position (optionally only measured or formula bars)."""
+    totals: dict = {}
+    for t in fig.data:
+        if not isinstance(t, go.Bar):
+            continue
+        xs = list(zip(*t.x, strict=True)) if which else list(t.x)
+        for x, y in zip(xs, t.y, strict=True):
+            if which is None or x[1] == which:
+                totals[x] = totals.get(x, 0.0) + y
+    return list(totals.values())
+
+
+def test_memory_bars_stack_to_each_ranks_measured_total():
+    measured = [
+        {"params": 4 * MIB, "grads": 4 * MIB, "optimizer_state": 8 * MIB, "activations": 3 * MIB},
+        {"params": 4 * MIB, "grads": 4 * MIB, "optimizer_state": 8 * MIB, "activations": 1 * MIB},
+    ]
+    fig = viz.memory_bars(measured, title="ZeRO-0")
+    assert fig.layout.barmode == "stack"
+    assert measured_totals(fig) == [19.0, 17.0]
+    names = [t.name for t in fig.data if isinstance(t, go.Bar)]
+    assert names == ["parameters", "gradients", "optimizer state", "activations"]
+    assert bar(fig, "gradients").marker.color == viz.MEMORY_COLORS["gradients"]
+    totals_text = next(t for t in fig.data if isinstance(t, go.Scatter))
+    assert list(totals_text.text) == ["19.0", "17.0"]
+
+
+def test_memory_bars_put_the_formula_beside_each_measured_bar():
+    measured = [SimpleNamespace(by_category={"parameters": 2 * MIB, "gradients": 2 * MIB})] * 2
+    predicted = {"parameters": 2 * MIB, "gradients": 1 * MIB, "communication buffers": MIB}
+    fig = viz.memory_bars(measured, predicted)
+    assert measured_totals(fig, "measured") == [4.0, 4.0]
+    assert measured_totals(fig, "formula") == [4.0, 4.0]
+    formula = [t for t in fig.data if isinstance(t, go.Bar) and t.x[1][0] == "formula"]
+    assert all(t.marker.pattern.shape == "/" and t.showlegend is False for t in formula)
+    assert bar(fig, "communication buffers").y[0] == 0.0  # measured has none of it
+    per_rank = viz.memory_bars(measured, [predicted, {"parameters": MIB}])
+    assert measured_totals(per_rank, "formula") == [4.0, 1.0]
+
+
+def test_memory_bars_keep_unknown_categories_and_drop_all_zero_ones():
+    fig = viz.memory_bars([{"parameters": MIB, "kv_cache": 2 * MIB, "other": 0}])
+    assert [t.name for t in fig.data if isinstance(t, go.Bar)] == ["parameters", "kv_cache"]
+
+
+def test_memory_bars_refuse_a_prediction_for_the_wrong_number_of_ranks():
+    with pytest.raises(ValueError, match="predicted has 3 entries but measured has 2 ranks"):
+        viz.memory_bars([{"params": 1}] * 2, [{"params": 1}] * 3)
+    with pytest.raises(TypeError, match="mapping category->bytes"):
+        viz.memory_bars([42])
+
+
+def test_setup_notebook_pins_the_mimetype_renderer_and_dtlab_template(ddp_like_trace):
+    saved = pio.renderers.default, pio.templates.default
+    try:
+        viz.setup_notebook()
+        assert pio.renderers.default == "plotly_mimetype"
+        assert pio.templates.default == "dtlab"
+        bundle = pio.renderers["plotly_mimetype"].to_mimebundle(
+            viz.timeline(ddp_like_trace).to_dict()
+        )
+        assert list(bundle) == ["application/vnd.plotly.v1+json"]  # no HTML, no random div id
+        with pytest.raises(ValueError, match="no renderer"):
+            viz.setup_notebook("hologram")
+    finally:
+        pio.renderers.default, pio.templates.default = saved
+
+
+def test_numbers_read_in_binary_units_and_sensible_time_units():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(4096) == "4.0 KiB"
+    assert format_bytes(3 * MIB) == "3.0 MiB"
+    assert format_duration_ns(1500) == "1.5 µs"
+    assert format_duration_ns(2_500_000) == "2.500 ms"
