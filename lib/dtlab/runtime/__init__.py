@@ -8,7 +8,7 @@ from dtlab.runtime.errors import (
     RankError,
     ResultNotPicklable,
 )
-from dtlab.runtime.launch import init_from_env, launch, running_under_torchrun
+from dtlab.runtime.torchrun import init_from_env, launch, running_under_torchrun
 
 __all__ = [
     "Cluster",

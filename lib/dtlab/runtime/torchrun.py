@@ -15,8 +15,10 @@ A training script written for the labs ends with::
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
+from contextlib import suppress
 from datetime import timedelta
 
 import torch
@@ -49,10 +51,23 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> str:
     dist.init_process_group(
         backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s)
     )
+    # A process that exits with a live gloo/NCCL group can abort in C++ ("terminate called
+    # without an active exception"); the group we created is ours to tear down.
+    atexit.register(_leave_process_group)
     calibrate = getattr(trace, "calibrate_clock", None)
     if calibrate is not None:
         calibrate()
     return backend
+
+
+def _leave_process_group() -> None:
+    """Leave together: the barrier keeps a rank from closing its sockets while a peer still
+    talks on them (which aborts the peer); a peer that already died makes it raise, not hang."""
+    if not dist.is_initialized():
+        return
+    with suppress(Exception):  # a dead peer makes the barrier raise: tear down anyway
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def launch(

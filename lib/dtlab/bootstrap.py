@@ -1,0 +1,296 @@
+"""Set up dtlab from a fresh checkout and start the labs or the tests — standard library only.
+
+From the repository root, before anything is installed::
+
+    python3 lib/dtlab/bootstrap.py lab     # make .venv, install, start JupyterLab on labs/
+    python3 lib/dtlab/bootstrap.py test    # make .venv, install, run the test suite (fast mode)
+
+Steps, each printed as it runs, each skipped when already done (run it as often as you like):
+
+1. Check Python >= 3.10.
+2. Create ``.venv``. If the Python running this script can already import a supported torch
+   (a CUDA build on a GPU box, a conda environment), the venv is made with
+   ``--system-site-packages`` so it KEEPS that torch instead of downloading another.
+3. Otherwise install torch explicitly first, pinned (``--torch`` changes the pin). The pin and
+   the index matter: a bare ``pip install torch`` on Linux resolves to PyPI's default wheel,
+   which is the CUDA build and drags in several GB of ``nvidia-*`` packages — on a laptop or a
+   CI box without a GPU that is minutes of download for nothing. So on Linux with no NVIDIA
+   driver (no ``nvidia-smi``) torch comes from PyTorch's CPU index; with a driver, from PyPI's
+   default (CUDA) wheel; ``--torch-index URL`` picks any index (``--torch-index pypi`` for PyPI).
+   macOS and Windows wheels on PyPI are already CPU-sized.
+4. ``pip install -e .[dev]``: dtlab itself, editable, with JupyterLab, pytest and nbval.
+5. Record a stamp (a hash of pyproject.toml and the torch choice) in ``.venv``; while it matches,
+   steps 3–4 are skipped.
+
+Then ``lab`` runs ``jupyter lab labs/`` (as ``python -m jupyterlab labs/``; extra arguments
+pass through, e.g. ``--no-browser``) and ``test`` runs ``python -m pytest`` with
+``DTLAB_MODE=fast`` unless you set it, and exits with pytest's exit status (pyproject's pytest
+settings add the solution notebooks through ``--nbval-lax``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder (lib/dtlab) heads sys.path, and dtlab's own `trace`
+# package would shadow the standard library's. Drop it before importing anything else.
+if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+    del sys.path[0]
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import importlib.util  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from dataclasses import dataclass
+from pathlib import Path
+
+MIN_PYTHON = (3, 10)
+DEFAULT_TORCH = "torch==2.13.0"
+SUPPORTED_TORCH = ((2, 11), (2, 14))  # inclusive minor range, as pyproject's torch>=2.11,<2.15
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+STAMP_NAME = ".dtlab-bootstrap-stamp"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the bootstrap will do, decided before anything runs (so it can be unit-tested)."""
+
+    root: Path
+    venv: Path
+    reuse_launcher_torch: bool  # venv with --system-site-packages, keep the launcher's torch
+    torch_spec: str
+    torch_index: str | None  # None: pip's default index (PyPI)
+    stamp: str
+
+    @property
+    def venv_python(self) -> Path:
+        return venv_executable(self.venv, "python")
+
+    def create_venv_command(self) -> list[str]:
+        command = [sys.executable, "-m", "venv"]
+        if self.reuse_launcher_torch:
+            command.append("--system-site-packages")
+        return command + [str(self.venv)]
+
+    def install_torch_command(self) -> list[str]:
+        command = [str(self.venv_python), "-m", "pip", "install", self.torch_spec]
+        if self.torch_index:
+            command += ["--index-url", self.torch_index]
+        return command
+
+    def install_dtlab_command(self) -> list[str]:
+        return [str(self.venv_python), "-m", "pip", "install", "-e", ".[dev]"]
+
+
+def venv_executable(venv: Path, name: str) -> Path:
+    """``.venv/bin/NAME`` (``.venv\\Scripts\\NAME.exe`` on Windows)."""
+    if os.name == "nt":
+        return venv / "Scripts" / f"{name}.exe"
+    return venv / "bin" / name
+
+
+def python_problem(version: tuple[int, ...]) -> str | None:
+    """A message when this Python is too old for dtlab, else None."""
+    if tuple(version[:2]) >= MIN_PYTHON:
+        return None
+    found = ".".join(str(v) for v in version[:3])
+    return (
+        f"dtlab needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}, but this is Python {found}. "
+        "Run the bootstrap with a newer one, e.g. `python3.11 lib/dtlab/bootstrap.py lab`."
+    )
+
+
+def torch_version_supported(version: str) -> bool:
+    """True for a torch version inside :data:`SUPPORTED_TORCH` (local tags like +cu124 ignored)."""
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    low, high = SUPPORTED_TORCH
+    return low <= (major, minor) <= high
+
+
+def launcher_torch_version() -> str | None:
+    """The torch version the launching Python can import (read from metadata, not imported)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def launcher_is_a_venv() -> bool:
+    """A venv's packages are invisible to a venv made from it, even with --system-site-packages."""
+    return sys.prefix != sys.base_prefix
+
+
+def choose_torch_index(system: str, has_nvidia_driver: bool, override: str | None) -> str | None:
+    """Where torch comes from: the CPU index on driverless Linux, PyPI otherwise (see docstring)."""
+    if override is not None:
+        return None if override.lower() in ("", "pypi", "default") else override
+    if system == "Linux" and not has_nvidia_driver:
+        return CPU_TORCH_INDEX
+    return None
+
+
+def compute_stamp(
+    pyproject: bytes, reuse_launcher_torch: bool, torch_spec: str, index: str | None
+) -> str:
+    """Changes whenever the install would change: pyproject.toml or the torch choice."""
+    digest = hashlib.sha256(pyproject)
+    digest.update(f"\n{reuse_launcher_torch}\n{torch_spec}\n{index}".encode())
+    return digest.hexdigest()
+
+
+def make_plan(
+    root: Path,
+    torch_spec: str = DEFAULT_TORCH,
+    torch_index: str | None = None,
+    launcher_torch: str | None = None,
+    launcher_in_venv: bool = False,
+    system: str = "Linux",
+    has_nvidia_driver: bool = False,
+) -> Plan:
+    """Decide every step from the facts about this machine (all passed in: no side effects)."""
+    reuse = (
+        launcher_torch is not None
+        and torch_version_supported(launcher_torch)
+        and not launcher_in_venv
+    )
+    index = choose_torch_index(system, has_nvidia_driver, torch_index)
+    stamp = compute_stamp((root / "pyproject.toml").read_bytes(), reuse, torch_spec, index)
+    return Plan(root, root / ".venv", reuse, torch_spec, index, stamp)
+
+
+def install_is_current(plan: Plan) -> bool:
+    """True when .venv exists and was installed from this same pyproject and torch choice."""
+    stamp = plan.venv / STAMP_NAME
+    return plan.venv_python.exists() and stamp.is_file() and stamp.read_text().strip() == plan.stamp
+
+
+def lab_command(plan: Plan, extra: list[str]) -> list[str]:
+    """``jupyter lab labs/``, spelled through the venv's python: with --system-site-packages
+    JupyterLab may live in the base environment, and then .venv/bin has no ``jupyter``."""
+    return [str(plan.venv_python), "-m", "jupyterlab", "labs/", *extra]
+
+
+def test_command(plan: Plan, extra: list[str]) -> list[str]:
+    return [str(plan.venv_python), "-m", "pytest", *extra]
+
+
+def test_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The test run's environment: fast mode unless DTLAB_MODE is already set."""
+    return {**environ, "DTLAB_MODE": environ.get("DTLAB_MODE") or "fast"}
+
+
+def step(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def run_checked(command: list[str], root: Path) -> None:
+    print("    $ " + " ".join(command), flush=True)
+    subprocess.run(command, cwd=root, check=True)
+
+
+def venv_can_import_torch(plan: Plan) -> bool:
+    probe = [
+        str(plan.venv_python),
+        "-c",
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)",
+    ]
+    return subprocess.run(probe, cwd=plan.root).returncode == 0
+
+
+def ensure_installed(plan: Plan) -> None:
+    """Steps 2–5 of the module docstring."""
+    if install_is_current(plan):
+        step(f"{plan.venv.name} is up to date (stamp matches pyproject.toml); skipping install")
+        return
+    if plan.venv_python.exists():
+        step(f"reusing {plan.venv}")
+    else:
+        how = (
+            " with the system site-packages (keeping the installed torch)"
+            * plan.reuse_launcher_torch
+        )
+        step(f"creating {plan.venv}{how}")
+        run_checked(plan.create_venv_command(), plan.root)
+    if plan.reuse_launcher_torch and venv_can_import_torch(plan):
+        step("torch: using the torch this Python already has")
+    else:
+        where = plan.torch_index or "PyPI"
+        step(
+            f"installing {plan.torch_spec} from {where} (before dtlab, so pip never picks a CUDA build by accident)"
+        )
+        run_checked(plan.install_torch_command(), plan.root)
+    step("installing dtlab (editable) with its dev extras: pip install -e .[dev]")
+    run_checked(plan.install_dtlab_command(), plan.root)
+    (plan.venv / STAMP_NAME).write_text(plan.stamp + "\n")
+    step("install complete")
+
+
+def main(argv: list[str] | None = None) -> int:
+    problem = python_problem(sys.version_info)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    parser = argparse.ArgumentParser(
+        prog="python3 lib/dtlab/bootstrap.py",
+        description="Install dtlab into .venv, then start the labs or run the tests.",
+    )
+    parser.add_argument(
+        "action", choices=["lab", "test", "install"], help="what to do after installing"
+    )
+    parser.add_argument(
+        "--torch", default=DEFAULT_TORCH, help=f"torch requirement (default {DEFAULT_TORCH})"
+    )
+    parser.add_argument("--torch-index", default=None, help="index URL for torch, or 'pypi'")
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+
+    launcher_torch = launcher_torch_version()
+    plan = make_plan(
+        REPO_ROOT,
+        torch_spec=args.torch,
+        torch_index=args.torch_index,
+        launcher_torch=launcher_torch,
+        launcher_in_venv=launcher_is_a_venv(),
+        system=platform.system(),
+        has_nvidia_driver=shutil.which("nvidia-smi") is not None,
+    )
+    step(f"Python {platform.python_version()} at {sys.executable}")
+    if launcher_torch and not plan.reuse_launcher_torch:
+        why = "it runs in a venv" if launcher_is_a_venv() else "dtlab supports torch 2.11-2.14"
+        step(f"not reusing this Python's torch {launcher_torch} ({why})")
+    try:
+        ensure_installed(plan)
+    except subprocess.CalledProcessError as err:
+        print(
+            f"bootstrap failed: `{' '.join(err.cmd)}` exited with {err.returncode}", file=sys.stderr
+        )
+        return err.returncode or 1
+    if args.action == "install":
+        return 0
+    if args.action == "lab":
+        command = lab_command(plan, extra)
+        step("starting JupyterLab on labs/ (Ctrl-C to stop)")
+        print("    $ " + " ".join(command), flush=True)
+        try:
+            return subprocess.call(command, cwd=plan.root)
+        except KeyboardInterrupt:
+            return 130
+    env = test_environment(dict(os.environ))
+    command = test_command(plan, extra)
+    step(f"running the tests with DTLAB_MODE={env['DTLAB_MODE']}")
+    print("    $ " + " ".join(command), flush=True)
+    return subprocess.call(command, cwd=plan.root, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Interview drill in the terminal: ``dtlab drill [--topic T] [--n N] [--mock]``.
+
+Questions come from the quiz bank, weighted toward the ones you missed before and the ones you
+have never seen (see :mod:`dtlab.quiz.drill`); every answer is graded, explained and recorded in
+your progress file, so the next drill knows what to bring back.
+
+* ``dtlab drill`` — 10 questions from every topic; ``--topic zero`` for one topic.
+* ``dtlab drill --mock`` — a mock interview: questions mixed across topics under a time limit
+  (90 s per question; ``--time-limit SECONDS`` to change it), then a score by topic. An answer
+  given after the deadline gets its feedback but scores 0.
+
+While answering: ``skip`` (or ``s``) moves on, ``quit`` (or ``q``, or end of input) stops and
+shows the score so far. Choices are answered with keys (``b``, ``a c``), numbers with or
+without a unit (``1.12 TB``), orderings with the step keys in order, and spoken answers by
+ticking the rubric points you made (``1 3``, ``all``, ``none``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from dtlab.quiz.drill import MockScore
+
+HELP = "terminal interview drill (--topic T, --n N, --mock for a timed mixed set)"
+MAX_BAD_ANSWERS = 3
+
+
+class _EndOfInput(Exception):
+    """The learner closed the input (Ctrl-D) or typed quit."""
+
+
+class DrillSession:
+    """Asks ``items`` one by one on ``stdin``/``stdout``; ``clock`` is injectable for tests."""
+
+    def __init__(
+        self,
+        items: list,
+        bank,
+        *,
+        stdin: TextIO,
+        stdout: TextIO,
+        time_limit_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        record: bool = True,
+        learner: str | None = None,
+        progress_path: Path | None = None,
+    ):
+        from dtlab.quiz.drill import MockScore
+
+        self.items, self.bank = items, bank
+        self.stdin, self.stdout = stdin, stdout
+        self.time_limit_s, self.clock = time_limit_s, clock
+        self.record, self.learner, self.progress_path = record, learner, progress_path
+        self.score = MockScore()
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.stdout, flush=True)
+
+    def read(self, prompt: str = "> ") -> str:
+        self.stdout.write(prompt)
+        self.stdout.flush()
+        line = self.stdin.readline()
+        if not line:
+            self.say()
+            raise _EndOfInput("end of input")
+        text = line.strip()
+        if text.lower() in ("q", "quit", "exit"):
+            raise _EndOfInput("quit")
+        return text
+
+    def run(self) -> MockScore:
+        """Ask every item (until the end, a quit, end of input or the deadline); the score."""
+        from dtlab.quiz.drill import Answered
+
+        deadline = None if self.time_limit_s is None else self.clock() + self.time_limit_s
+        stopped = None
+        for number, item in enumerate(self.items, start=1):
+            if deadline is not None and self.clock() >= deadline:
+                stopped = "Time is up."
+                break
+            self.say(
+                f"\n── Question {number}/{len(self.items)} · {item.topic}{self._time_left(deadline)}"
+            )
+            try:
+                result = self.ask(item)
+            except _EndOfInput as reason:
+                stopped = "Stopped at your request." if str(reason) == "quit" else "End of input."
+                break
+            if result is None:
+                self.score.add(Answered(item, 0.0, False, "skipped"))
+                continue
+            late = deadline is not None and self.clock() > deadline
+            self.say(result.feedback)
+            if late:
+                self.say("(Answered after the time limit: it counts 0 in the mock score.)")
+            self.score.add(
+                Answered(
+                    item,
+                    0.0 if late else result.score,
+                    result.correct and not late,
+                    "late" if late else "answered",
+                )
+            )
+        for item in self.items[len(self.score.results) :]:
+            self.score.add(Answered(item, 0.0, False, "unanswered"))
+        if stopped:
+            self.say(f"\n{stopped}")
+        self.say("\n" + self.score.report())
+        return self.score
+
+    def _time_left(self, deadline: float | None) -> str:
+        if deadline is None:
+            return ""
+        left = max(0, int(deadline - self.clock()))
+        return f" · {left // 60}:{left % 60:02d} left"
+
+    def ask(self, item):
+        """Show ``item``, read answers until one has a gradable shape; the Grade, or None if skipped."""
+        from dtlab.quiz.practice import attempt, item_as_text
+        from dtlab.quiz.schema import AnswerError
+
+        if item.kind == "short":
+            self.say(f"[{item.id} · {item.difficulty}]\n{item.prompt}")
+            self.say("\nAnswer out loud (or type it), then press Enter to see the rubric.")
+            if self.read().lower() in ("s", "skip"):
+                return None
+            self.say("Which points did your answer make?")
+            for index, point in enumerate(item.rubric, start=1):
+                self.say(f"  {index}. {point}")
+            self.say("Type their numbers (e.g. '1 3'), 'all' or 'none'.")
+        else:
+            self.say(item_as_text(item))
+        for _ in range(MAX_BAD_ANSWERS):
+            text = self.read()
+            if text.lower() in ("s", "skip"):
+                return None
+            try:
+                response = _rubric_ticks(text, len(item.rubric)) if item.kind == "short" else text
+                return attempt(
+                    item.id,
+                    response,
+                    bank=self.bank,
+                    learner=self.learner,
+                    progress_path=self.progress_path,
+                    record=self.record,
+                )
+            except AnswerError as error:
+                self.say(f"That answer does not fit the question: {error}. Try again, or 'skip'.")
+        self.say("Skipping this one.")
+        return None
+
+
+def _rubric_ticks(text: str, n_points: int) -> list[int]:
+    """'1 3' / '1,3' / 'all' / 'none' → 0-based indices of the ticked rubric points."""
+    from dtlab.quiz.schema import AnswerError
+
+    lowered = text.lower()
+    if lowered == "all":
+        return list(range(n_points))
+    if lowered in ("none", "0", "-", ""):
+        return []
+    parts = lowered.replace(",", " ").split()
+    if not all(p.isdigit() and 1 <= int(p) <= n_points for p in parts):
+        raise AnswerError(f"type point numbers between 1 and {n_points}, 'all' or 'none'")
+    return sorted({int(p) - 1 for p in parts})
+
+
+def run_drill(
+    args: argparse.Namespace,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """The ``dtlab drill`` command with injectable streams and clock; returns the exit status."""
+    from dtlab.quiz.bank import BankError, cached_bank, load_bank
+    from dtlab.quiz.drill import mock_set, select_items, time_limit_for
+    from dtlab.quiz.progress import learner_id, read_progress
+
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    try:
+        bank = load_bank(args.bank) if args.bank else cached_bank()
+    except BankError as error:
+        print(f"error: {error}", file=stdout)
+        return 2
+    if args.topic is not None and args.topic not in bank.topics():
+        print(
+            f"error: no topic {args.topic!r}; choose one of: {', '.join(bank.topics())}",
+            file=stdout,
+        )
+        return 2
+    history = read_progress(args.progress, learner=learner_id(args.learner)).records
+    pool = [item for item in bank.values() if args.topic in (None, item.topic)]
+    try:
+        if args.mock:
+            items = mock_set(pool, args.n, history, seed=args.seed)
+            limit = args.time_limit if args.time_limit is not None else time_limit_for(len(items))
+        else:
+            items = select_items(pool, args.n, history, seed=args.seed)
+            limit = args.time_limit
+    except ValueError as error:
+        print(f"error: {error}", file=stdout)
+        return 2
+    title = "Mock interview" if args.mock else "Drill"
+    timing = f", {limit / 60:.1f} minutes" if limit is not None else ""
+    print(f"{title}: {len(items)} questions{timing}. 'skip' moves on, 'quit' stops.", file=stdout)
+    session = DrillSession(
+        items,
+        bank,
+        stdin=stdin,
+        stdout=stdout,
+        time_limit_s=limit,
+        clock=clock,
+        record=not args.no_record,
+        learner=args.learner,
+        progress_path=args.progress,
+    )
+    try:
+        session.run()
+    except KeyboardInterrupt:
+        print("\nInterrupted.\n" + session.score.report(), file=stdout)
+        return 130
+    return 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topic", help="only this topic (default: all topics)")
+    parser.add_argument("--n", type=int, default=10, help="number of questions (default 10)")
+    parser.add_argument(
+        "--mock", action="store_true", help="timed mock interview mixed across topics"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds for the whole set (mock: 90/question)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="repeat a selection exactly")
+    parser.add_argument("--learner", default=None, help="a name for a shared seat (stored hashed)")
+    parser.add_argument(
+        "--progress",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="progress file (default ~/.dtlab/progress.jsonl)",
+    )
+    parser.add_argument("--no-record", action="store_true", help="do not record the answers")
+    parser.add_argument(
+        "--bank", type=Path, default=None, metavar="DIR", help="quiz folder (default quizzes/)"
+    )
+    parser.set_defaults(run=run_drill)
