@@ -1,0 +1,44 @@
+"""Parallelism strategies applied to a model from outside.
+
+Data parallel (lab 02): :class:`NaiveDDP` → :class:`OverlappedDDP` → :class:`BucketedDDP`, each a
+small diff on the last; :mod:`~dtlab.parallel.straggler` and :mod:`~dtlab.parallel.async_sgd`
+show what synchronisation costs and buys.
+
+ZeRO and FSDP (lab 03): :class:`ZeroOptimizer` (stages 1 and 2, wraps any torch optimizer),
+:class:`FullyShardedDataParallel` (stage 3), with :class:`MixedPrecision`, CPU offload,
+global-norm clipping and :func:`gather_full_parameters`.
+"""
+
+from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
+from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
+from dtlab.parallel.ddp_common import CommStats, DataParallelBase, ring_bytes_sent
+from dtlab.parallel.ddp_naive import NaiveDDP
+from dtlab.parallel.ddp_overlap import OverlappedDDP
+from dtlab.parallel.full_state import gather_full_parameters
+from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
+from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.parallel.offload import offload_device
+from dtlab.parallel.straggler import Straggler, straggle
+from dtlab.parallel.zero3 import FullyShardedDataParallel, ShardedParameterOptimizer
+from dtlab.parallel.zero_optimizer import ZeroOptimizer
+
+__all__ = [
+    "AsyncSGDResult",
+    "BucketedDDP",
+    "CommStats",
+    "DataParallelBase",
+    "FullyShardedDataParallel",
+    "MixedPrecision",
+    "NaiveDDP",
+    "OverlappedDDP",
+    "ShardedParameterOptimizer",
+    "Straggler",
+    "ZeroOptimizer",
+    "assign_buckets",
+    "clip_sharded_grad_norm_",
+    "gather_full_parameters",
+    "offload_device",
+    "ring_bytes_sent",
+    "run_async_sgd",
+    "straggle",
+]

@@ -1,0 +1,157 @@
+"""ZeRO stages 1 and 2: shard the optimizer state (1) and the gradients too (2).
+
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
+(SC 2020), §5. Data parallel ranks hold identical parameters, so they need not *each* keep the
+optimizer state: rank r keeps it for chunk r of every flat segment (:mod:`flat_shard`), steps
+only that chunk, and the ranks then all-gather the updated chunks back into full parameters.
+
+What moves where, per step, with Ψ elements of ``b`` bytes and N ranks:
+
+* **Stage 1** — backward fills full gradients as usual (every rank holds Ψ of them). At
+  :meth:`step` each segment's gradient is *reduce-scattered*: rank r receives the sum of chunk r
+  ((N-1)/N·Ψb bytes sent), divides by N, steps, and the parameters are *all-gathered*
+  ((N-1)/N·Ψb). Total 2(N-1)/N·Ψb — exactly one DDP all-reduce, split in two halves with the
+  optimizer step in between.
+* **Stage 2** — the same bytes, but a segment is reduce-scattered from a gradient hook as soon
+  as all of its gradients exist, and the full gradients are freed right away, so a rank holds
+  only its Ψ/N gradient shard (plus one segment in flight).
+
+Use it without DDP (it does the gradient averaging itself)::
+
+    opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+Parameters are re-laid as views into one flat buffer per segment, so ``model.parameters()`` keep
+working (and a tied weight stays tied). Optimizer caveats: see :mod:`flat_shard`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dtlab import trace
+from dtlab.parallel.ddp_bucketed import assign_buckets
+from dtlab.parallel.ddp_common import (
+    all_gather,
+    nbytes,
+    queue_end_of_backward,
+    reduce_scatter,
+)
+from dtlab.parallel.flat_shard import FlatSegment, normalize_param_groups
+from dtlab.parallel.mixed_precision import MixedPrecision, compute_dtype
+from dtlab.parallel.sharded_optimizer import MasterShardOptimizer
+
+
+class ZeroOptimizer(MasterShardOptimizer):
+    """Wrap any torch optimizer class so each rank steps only its shard (ZeRO stage 1 or 2)."""
+
+    def __init__(
+        self,
+        params,
+        optimizer_cls: type[torch.optim.Optimizer],
+        *,
+        stage: int = 1,
+        process_group: dist.ProcessGroup | None = None,
+        mixed_precision: MixedPrecision | None = None,
+        offload: bool = False,
+        bucket_cap_mb: float = 25.0,
+        **optimizer_kwargs,
+    ) -> None:
+        if stage not in (1, 2):
+            raise ValueError(
+                f"ZeroOptimizer does stage 1 or 2, not {stage}; stage 3 also shards the "
+                "parameters, which needs the model: use dtlab.parallel.FullyShardedDataParallel"
+            )
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "ZeRO needs a process group: run inside cluster.run(...) or torchrun"
+            )
+        self.stage = stage
+        rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+        self.world_size = world
+        segments_by_group, initial_shards, self.flats = [], [], []
+        src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+        for group in normalize_param_groups(params, {}):
+            segments = []
+            for bucket in assign_buckets(group["params"], bucket_cap_mb):
+                seg = FlatSegment(bucket, rank, world)
+                dtype = compute_dtype(mixed_precision, bucket[0].dtype)
+                flat = seg.flatten([p.detach() for p in bucket], dtype, bucket[0].device)
+                with trace.span("broadcast_state", kind="comm", nbytes=nbytes(flat)):
+                    dist.broadcast(flat, src=src, group=process_group)  # replicas start equal
+                seg.point_params_at(flat)
+                lo, hi = seg.my_range
+                initial_shards.append(flat[lo:hi])
+                self.flats.append(flat)
+                segments.append(seg)
+            segments_by_group.append((group, segments))
+        super().__init__(
+            segments_by_group, initial_shards, optimizer_cls, optimizer_kwargs,
+            process_group, mixed_precision, offload,
+        )  # fmt: skip
+        self._where = {id(p): i for i, seg in enumerate(self.segments) for p in seg.params}
+        self._in_backward = False
+        if stage == 2:
+            for seg in self.segments:
+                for p in seg.params:
+                    p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    # -- gradients ---------------------------------------------------------------------------
+    def _reduce_segment(self, i: int) -> None:
+        """Reduce-scatter segment i's gradients; keep chunk r (averaged); free the full grads."""
+        seg = self.segments[i]
+        full = seg.flatten([p.grad for p in seg.params], self.flats[i].dtype, self.flats[i].device)
+        shard = torch.empty(seg.shard_numel, dtype=full.dtype, device=full.device)
+        reduce_scatter(shard, full, self.comm_stats, self.process_group, name=f"grad_rs[{i}]")
+        shard.div_(self.world_size)
+        previous = self.grad_shards[i]
+        self.grad_shards[i] = shard if previous is None else previous.add_(shard)
+        for p in seg.params:
+            p.grad = None
+
+    def _on_gradient_ready(self, p: nn.Parameter) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            self._missing = [len(seg.params) for seg in self.segments]
+            self._next_to_reduce = 0
+            queue_end_of_backward(self._flush_backward)
+        self._missing[self._where[id(p)]] -= 1
+        # Segments are reduced in index order on every rank (collectives match by issue order).
+        while self._next_to_reduce < len(self.segments) and not self._missing[self._next_to_reduce]:
+            self._reduce_segment(self._next_to_reduce)
+            self._next_to_reduce += 1
+
+    def _flush_backward(self) -> None:
+        """End of backward: reduce segments still waiting (a parameter without a gradient
+        contributes zeros, as in FSDP/DeepSpeed)."""
+        if not self._in_backward:
+            return
+        for i in range(self._next_to_reduce, len(self.segments)):
+            self._reduce_segment(i)
+        self._in_backward = False
+
+    def _reduce_gradients(self) -> None:
+        if self.stage == 2:
+            self._flush_backward()
+        elif any(p.grad is not None for seg in self.segments for p in seg.params):
+            for i in range(len(self.segments)):
+                self._reduce_segment(i)
+
+    # -- parameters --------------------------------------------------------------------------
+    @torch.no_grad()
+    def _publish_parameters(self) -> None:
+        for i, master in enumerate(self.masters):
+            flat = self.flats[i]
+            mine = master.detach().to(device=flat.device, dtype=flat.dtype).clone()
+            all_gather(flat, mine, self.comm_stats, self.process_group, name=f"param_ag[{i}]")
+
+    def _param_bytes(self) -> int:
+        return sum(nbytes(f) for f in self.flats)
+
+    def _grad_bytes(self) -> int:
+        full = sum(
+            nbytes(p.grad) for seg in self.segments for p in seg.params if p.grad is not None
+        )
+        return super()._grad_bytes() + full
