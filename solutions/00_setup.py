@@ -42,6 +42,7 @@ print(format_report(environment_report(gloo=False)))
 
 # %% [markdown]
 # ## 2. Start a cluster
+# <a id="ranks"></a>
 #
 # `dtlab.Cluster(n)` starts `n` rank processes once and keeps their process group warm, so every
 # later cell runs on the same ranks in milliseconds. With enough GPUs each rank gets one GPU and
@@ -60,6 +61,7 @@ print(
 )
 
 # %% [markdown]
+# <a id="process-groups"></a>
 # `cluster.run(fn)` runs `fn` on **every** rank and returns one result per rank, in rank order.
 # Inside `fn`, `dtlab.rank()`, `dtlab.world_size()` and `dtlab.device()` say who and where this
 # rank is — the same calls work under `torchrun` on a real multi-node job. Expect one tuple per
@@ -70,6 +72,7 @@ cluster.run(lambda: (dtlab.rank(), dtlab.world_size(), str(dtlab.device())))
 
 # %% [markdown]
 # ## 3. A first all-reduce, traced
+# <a id="first-collective"></a>
 #
 # Each rank fills a tensor with its rank number, does a little compute, then calls
 # `dist.all_reduce`: afterwards **every** rank holds the elementwise sum over all ranks,
@@ -103,6 +106,48 @@ res.trace
 
 # %%
 dtlab.viz.timeline(res.trace, title="Compute, then all-reduce, on every rank")
+
+# %% [markdown]
+# ### When a rank fails
+# <a id="failures"></a>
+#
+# Distributed bugs rarely crash politely. Two kinds matter:
+#
+# * **A rank raises.** The cluster returns a `RankError` naming the rank, with the traceback
+#   from *that* process — not a generic "child failed".
+# * **A rank waits forever.** A collective finishes only when every rank of its group calls it,
+#   in the same order with matching shapes. If rank 0 skips a broadcast that rank 1 enters,
+#   rank 1 blocks inside C++ until a timeout. In production that is NCCL's watchdog timeout
+#   (minutes) and usually means a rank took another code path, crashed, or is a straggler —
+#   not a bug in NCCL. Here a `ClusterTimeout` names each stuck rank and the call it is
+#   blocked in, and the cluster restarts its ranks.
+#
+# Look for: the rank number and the `ValueError` line in the first message; `broadcast` and
+# the function name in the second.
+
+# %%
+def fails_on_last_rank():
+    if dtlab.rank() == dtlab.world_size() - 1:
+        raise ValueError("this shard has no data")
+    return dtlab.rank()
+
+
+try:
+    cluster.run(fails_on_last_rank)
+except dtlab.RankError as err:
+    print(str(err).splitlines()[0])
+
+
+def rank0_skips_the_broadcast():
+    if dtlab.rank() != 0:
+        dist.broadcast(torch.zeros(1, device=dtlab.device()), src=0)
+
+
+with dtlab.Cluster(2, timeout=3) as fragile:
+    try:
+        fragile.run(rank0_skips_the_broadcast)
+    except dtlab.ClusterTimeout as err:
+        print(err)
 
 # %% [markdown]
 # ## 4. Memory of the small GPT, on each rank
@@ -171,6 +216,9 @@ ask("setup.rank_sum_value")
 
 # %%
 ask("setup.world_size")
+
+# %%
+ask("setup.unmatched_collective")
 
 # %% [markdown]
 # ## 7. Shut the cluster down
