@@ -1,0 +1,78 @@
+"""Every collective built from point-to-point messages, each one counting the bytes it moved.
+
+Call them inside a function run on the Cluster (or under torchrun)::
+
+    from dtlab import collectives as C
+
+    def fn():
+        x = torch.arange(10.0) * (dtlab.rank() + 1)
+        with C.counting() as moved:
+            C.all_reduce(x, algorithm="ring")
+        return x, moved.bytes_sent          # 2 (N-1)/N * 40 bytes when N divides 10
+
+``ALGORITHMS[op][name]`` is every schedule by collective, e.g. ``ALGORITHMS["all_reduce"]["ring"]``;
+each entry is the public function with ``algorithm=name`` filled in. ``group`` may be ``None``
+(every rank), a process group or a list of global ranks; roots are indices *within* the group.
+Any world size, any length (chunks cut by the tensor_split rule), any dtype, sum/avg/max/min.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from dtlab.collectives.allgather import ALL_GATHERS, all_gather
+from dtlab.collectives.allreduce import ALL_REDUCES, all_reduce
+from dtlab.collectives.alltoall import all_to_all
+from dtlab.collectives.barrier import barrier
+from dtlab.collectives.broadcast import broadcast
+from dtlab.collectives.gather_scatter import gather, scatter
+from dtlab.collectives.hierarchical import hierarchical_all_reduce, node_layout
+from dtlab.collectives.ops import REDUCE_OPS, chunk_bounds, chunk_sizes
+from dtlab.collectives.p2p import (
+    CommStats,
+    Peers,
+    comm_stats,
+    counting,
+    peers_of,
+    traffic_matrix,
+)
+from dtlab.collectives.reduce import reduce
+from dtlab.collectives.reduce_scatter import REDUCE_SCATTERS, reduce_scatter
+from dtlab.collectives.simulated import simulate
+
+ALGORITHMS: dict[str, dict[str, partial]] = {
+    "broadcast": {a: partial(broadcast, algorithm=a) for a in ("flat", "binomial", "chain")},
+    "reduce": {a: partial(reduce, algorithm=a) for a in ("flat", "binomial")},
+    "all_reduce": {a: partial(all_reduce, algorithm=a) for a in ALL_REDUCES},
+    "reduce_scatter": {a: partial(reduce_scatter, algorithm=a) for a in REDUCE_SCATTERS},
+    "all_gather": {a: partial(all_gather, algorithm=a) for a in ALL_GATHERS},
+    "all_to_all": {"pairwise": partial(all_to_all, algorithm="pairwise")},
+    "gather": {"flat": gather},
+    "scatter": {"flat": scatter},
+    "barrier": {"dissemination": partial(barrier, algorithm="dissemination")},
+}
+
+__all__ = [
+    "ALGORITHMS",
+    "REDUCE_OPS",
+    "CommStats",
+    "Peers",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "chunk_bounds",
+    "chunk_sizes",
+    "comm_stats",
+    "counting",
+    "gather",
+    "hierarchical_all_reduce",
+    "node_layout",
+    "peers_of",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "simulate",
+    "traffic_matrix",
+]

@@ -1,0 +1,230 @@
+"""The counted point-to-point layer every collective in this package is built on.
+
+A collective here is a sequence of *steps*. In one step a rank posts all its sends and receives
+at once (``torch.distributed.batch_isend_irecv``: non-blocking ``isend``/``irecv`` pairs, grouped
+so NCCL launches them together) and waits for all of them. :meth:`Peers.exchange` is that step.
+It also
+
+* counts, per rank, messages and bytes sent and received into a :class:`CommStats`, so a test can
+  hold the traffic of "ring all-reduce" to ``2 (N-1)/N * M`` bytes exactly, and
+* records one ``comm`` trace span per step (labelled ``to=[[peer, bytes], ...]``), so a ring
+  all-reduce draws its ``2 (N-1)`` steps on the Cluster's timeline and :func:`traffic_matrix`
+  can say who sent how much to whom.
+
+Ranks are addressed by their index *within the group* (``0 .. size-1``); :class:`Peers` translates
+to global ranks. A group is ``None`` (every rank), a ``torch.distributed`` process group, or a plain
+list of global ranks — sends and receives go over the default group, so a list needs no
+``dist.new_group`` call and costs nothing to make.
+
+Empty chunks (a 3-element buffer cut into 4) are skipped on both sides: they cost no message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from dtlab import trace
+
+
+@dataclass
+class CommStats:
+    """Messages and bytes this rank sent and received through :meth:`Peers.exchange`."""
+
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    messages_received: int = 0
+    bytes_received: int = 0
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        self.messages_sent = self.bytes_sent = 0
+        self.messages_received = self.bytes_received = 0
+
+    def snapshot(self) -> CommStats:
+        """A frozen copy of the counters now."""
+        return replace(self)
+
+    def __sub__(self, earlier: CommStats) -> CommStats:
+        return CommStats(
+            self.messages_sent - earlier.messages_sent,
+            self.bytes_sent - earlier.bytes_sent,
+            self.messages_received - earlier.messages_received,
+            self.bytes_received - earlier.bytes_received,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+_process_stats = CommStats()
+# A simulated world (dtlab.collectives.simulated) runs ranks as threads; each thread carries
+# its own rank, transport and counters here.
+_thread = threading.local()
+
+
+def comm_stats() -> CommStats:
+    """The live counters of this rank (they keep counting until :meth:`CommStats.reset`)."""
+    simulated = getattr(_thread, "world", None)
+    return simulated.stats if simulated is not None else _process_stats
+
+
+@contextmanager
+def counting() -> Iterator[CommStats]:
+    """Measure the traffic of a block: ``with counting() as moved: ...; moved.bytes_sent``."""
+    delta = CommStats()
+    before = comm_stats().snapshot()
+    try:
+        yield delta
+    finally:
+        moved = comm_stats() - before
+        for name, value in moved.as_dict().items():
+            setattr(delta, name, value)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+Group = dist.ProcessGroup | Sequence[int] | None
+"""Whom a collective runs over: ``None`` (every rank), a process group, or a list of global ranks."""
+
+
+class TorchTransport:
+    """Real messages: ``batch_isend_irecv`` over the default process group (gloo or NCCL)."""
+
+    def exchange(
+        self,
+        sends: Sequence[tuple[int, torch.Tensor]],
+        recvs: Sequence[tuple[int, torch.Tensor]],
+        on_arrival: Callable[[int], None] | None = None,
+    ) -> None:
+        ops = [dist.P2POp(dist.isend, tensor, peer) for peer, tensor in sends]
+        ops += [dist.P2POp(dist.irecv, tensor, peer) for peer, tensor in recvs]
+        works = dist.batch_isend_irecv(ops)
+        if on_arrival is not None and len(works) == len(ops):
+            # gloo: one work per op, so act on each receive the moment it lands.
+            for i, work in enumerate(works[len(sends) :]):
+                work.wait()
+                on_arrival(i)
+            works = works[: len(sends)]
+            on_arrival = None
+        for work in works:  # NCCL coalesces the batch into one work: wait, then act
+            work.wait()
+        for i in range(len(recvs)) if on_arrival is not None else ():
+            on_arrival(i)
+
+
+class Peers:
+    """The ranks one collective runs over, numbered ``0 .. size-1``, and the step that moves data."""
+
+    def __init__(self, global_ranks: Sequence[int], my_global_rank: int, transport, stats):
+        self.global_ranks = list(global_ranks)
+        if my_global_rank not in self.global_ranks:
+            raise ValueError(
+                f"rank {my_global_rank} is not in group {self.global_ranks}; only member ranks "
+                "may call a collective on it"
+            )
+        self.rank = self.global_ranks.index(my_global_rank)
+        self.size = len(self.global_ranks)
+        self._transport = transport
+        self._stats = stats
+
+    @property
+    def right(self) -> int:
+        """The next rank on the ring."""
+        return (self.rank + 1) % self.size
+
+    @property
+    def left(self) -> int:
+        """The previous rank on the ring."""
+        return (self.rank - 1) % self.size
+
+    def subgroup(self, indices: Sequence[int]) -> Peers:
+        """The peers at ``indices`` of this group (e.g. the ranks of one "node")."""
+        me = self.global_ranks[self.rank]
+        return Peers([self.global_ranks[i] for i in indices], me, self._transport, self._stats)
+
+    def exchange(
+        self,
+        sends: Sequence[tuple[int, torch.Tensor]] = (),
+        recvs: Sequence[tuple[int, torch.Tensor]] = (),
+        *,
+        name: str,
+        step: int = 0,
+        on_arrival: Callable[[int], None] | None = None,
+    ) -> None:
+        """One step: post every ``(peer, tensor)`` send and receive together, then wait for all.
+
+        Receives land in the given tensors (views of a bigger buffer are fine: they must be
+        contiguous). ``on_arrival(i)`` runs as soon as receive ``i`` has landed, while later ones
+        are still in flight (on gloo; on NCCL after the whole step) — a pipelined reduction.
+        The step is counted in :func:`comm_stats` and drawn as one ``comm`` span.
+        """
+        wanted = [i for i, (_, t) in enumerate(recvs) if t.numel() > 0]
+        sends = [(p, t) for p, t in sends if t.numel() > 0]
+        recvs = [recvs[i] for i in wanted]
+        if not sends and not recvs:
+            return
+        sent = sum(_nbytes(t) for _, t in sends)
+        received = sum(_nbytes(t) for _, t in recvs)
+        to = [[self.global_ranks[p], _nbytes(t)] for p, t in sends]
+        with trace.cuda_span(name, kind="comm", nbytes=sent, step=step, received=received, to=to):
+            self._transport.exchange(
+                [(self.global_ranks[p], t) for p, t in sends],
+                [(self.global_ranks[p], t) for p, t in recvs],
+                on_arrival=None if on_arrival is None else (lambda i: on_arrival(wanted[i])),
+            )
+        stats = self._stats
+        stats.messages_sent += len(sends)
+        stats.bytes_sent += sent
+        stats.messages_received += len(recvs)
+        stats.bytes_received += received
+
+    def send(self, peer: int, tensor: torch.Tensor, *, name: str, step: int = 0) -> None:
+        self.exchange(sends=[(peer, tensor)], name=name, step=step)
+
+    def recv(self, peer: int, tensor: torch.Tensor, *, name: str, step: int = 0) -> None:
+        self.exchange(recvs=[(peer, tensor)], name=name, step=step)
+
+
+def peers_of(group: Group = None) -> Peers:
+    """The :class:`Peers` of ``group`` for this rank: ``None`` means every rank.
+
+    ``group`` may be a process group or a list of global ranks (in the order that defines the
+    ring). Outside a process group this is a world of one rank.
+    """
+    simulated = getattr(_thread, "world", None)
+    if simulated is not None:
+        ranks = range(simulated.size) if group is None else list(group)
+        return Peers(ranks, simulated.rank, simulated.transport, simulated.stats)
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None and list(group) != [0]:
+            raise RuntimeError("no process group is initialised: run this inside cluster.run(...)")
+        return Peers([0], 0, TorchTransport(), _process_stats)
+    if group is None:
+        ranks = list(range(dist.get_world_size()))
+    elif isinstance(group, dist.ProcessGroup):
+        ranks = dist.get_process_group_ranks(group)
+    else:
+        ranks = [int(r) for r in group]
+    if len(set(ranks)) != len(ranks) or not all(0 <= r < dist.get_world_size() for r in ranks):
+        raise ValueError(
+            f"group {ranks} must list distinct ranks in 0..{dist.get_world_size() - 1}"
+        )
+    return Peers(ranks, dist.get_rank(), TorchTransport(), _process_stats)
+
+
+def traffic_matrix(spans, world_size: int) -> list[list[int]]:
+    """``matrix[src][dst]`` = bytes rank ``src`` sent to rank ``dst`` in a run's trace spans
+    (e.g. ``cluster.run(...).trace.spans``): the picture of who sends what."""
+    matrix = [[0] * world_size for _ in range(world_size)]
+    for s in spans:
+        for peer, nbytes in s.labels.get("to", ()) if s.kind == "comm" else ():
+            matrix[s.rank][peer] += nbytes
+    return matrix
