@@ -7,10 +7,14 @@ A test that breaks its cluster on purpose (hang, crash) must use its own ``Clust
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("DTLAB_MODE", "fast")
+# Graded cells record attempts under ~/.dtlab. Tests and the notebook kernels nbval starts (they
+# inherit this environment) must never write into the real learner's home, so give them their own.
+os.environ["HOME"] = tempfile.mkdtemp(prefix="dtlab-test-home-")
 
 import torch  # noqa: E402
 

@@ -176,3 +176,14 @@ def test_bootstrap_runs_on_the_standard_library_alone():
     )
     assert done.returncode == 0, done.stderr
     assert "lab" in done.stdout and "test" in done.stdout
+
+
+def test_unreachable_cpu_index_falls_back_to_pips_configured_index():
+    from dtlab.bootstrap import CPU_TORCH_INDEX, choose_torch_index
+
+    assert choose_torch_index("Linux", False, None, cpu_index_reachable=True) == CPU_TORCH_INDEX
+    assert choose_torch_index("Linux", False, None, cpu_index_reachable=False) is None
+    assert (
+        choose_torch_index("Linux", False, "https://mirror/simple", False)
+        == "https://mirror/simple"
+    )

@@ -17,6 +17,8 @@ Steps, each printed as it runs, each skipped when already done (run it as often 
    CI box without a GPU that is minutes of download for nothing. So on Linux with no NVIDIA
    driver (no ``nvidia-smi``) torch comes from PyTorch's CPU index; with a driver, from PyPI's
    default (CUDA) wheel; ``--torch-index URL`` picks any index (``--torch-index pypi`` for PyPI).
+   When the CPU index cannot be reached (an offline mirror, a closed CI network), pip's own
+   configured index is used, so a local wheel of the pinned torch is found there.
    macOS and Windows wheels on PyPI are already CPU-sized.
 4. ``pip install -e .[dev]``: dtlab itself, editable, with JupyterLab, pytest and nbval.
 5. Record a stamp (a hash of pyproject.toml and the torch choice) in ``.venv``; while it matches,
@@ -131,13 +133,32 @@ def launcher_is_a_venv() -> bool:
     return sys.prefix != sys.base_prefix
 
 
-def choose_torch_index(system: str, has_nvidia_driver: bool, override: str | None) -> str | None:
-    """Where torch comes from: the CPU index on driverless Linux, PyPI otherwise (see docstring)."""
+def choose_torch_index(
+    system: str, has_nvidia_driver: bool, override: str | None, cpu_index_reachable: bool = True
+) -> str | None:
+    """Where torch comes from: the CPU index on driverless Linux, PyPI otherwise (see docstring).
+
+    A machine that cannot reach PyTorch's CPU index (an offline mirror, a closed CI network)
+    uses pip's own configured index and wheel folders instead of failing.
+    """
     if override is not None:
         return None if override.lower() in ("", "pypi", "default") else override
-    if system == "Linux" and not has_nvidia_driver:
+    if system == "Linux" and not has_nvidia_driver and cpu_index_reachable:
         return CPU_TORCH_INDEX
     return None
+
+
+def cpu_index_is_reachable(timeout_s: float = 3.0) -> bool:
+    """Can this machine open a connection to PyTorch's CPU wheel index at all?"""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(CPU_TORCH_INDEX).hostname or ""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def compute_stamp(
@@ -157,6 +178,7 @@ def make_plan(
     launcher_in_venv: bool = False,
     system: str = "Linux",
     has_nvidia_driver: bool = False,
+    cpu_index_reachable: bool = True,
 ) -> Plan:
     """Decide every step from the facts about this machine (all passed in: no side effects)."""
     reuse = (
@@ -164,7 +186,7 @@ def make_plan(
         and torch_version_supported(launcher_torch)
         and not launcher_in_venv
     )
-    index = choose_torch_index(system, has_nvidia_driver, torch_index)
+    index = choose_torch_index(system, has_nvidia_driver, torch_index, cpu_index_reachable)
     stamp = compute_stamp((root / "pyproject.toml").read_bytes(), reuse, torch_spec, index)
     return Plan(root, root / ".venv", reuse, torch_spec, index, stamp)
 
@@ -255,14 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
     launcher_torch = launcher_torch_version()
+    system = platform.system()
+    has_nvidia_driver = shutil.which("nvidia-smi") is not None
+    probe_cpu_index = args.torch_index is None and system == "Linux" and not has_nvidia_driver
     plan = make_plan(
         REPO_ROOT,
         torch_spec=args.torch,
         torch_index=args.torch_index,
         launcher_torch=launcher_torch,
         launcher_in_venv=launcher_is_a_venv(),
-        system=platform.system(),
-        has_nvidia_driver=shutil.which("nvidia-smi") is not None,
+        system=system,
+        has_nvidia_driver=has_nvidia_driver,
+        cpu_index_reachable=cpu_index_is_reachable() if probe_cpu_index else True,
     )
     step(f"Python {platform.python_version()} at {sys.executable}")
     if launcher_torch and not plan.reuse_launcher_torch:

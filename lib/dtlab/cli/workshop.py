@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "build the lab notebooks from their sources (build [--check])"
+HELP = "instructor tools: build the lab notebooks (build [--check]); export scores (scores DIR)"
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -58,11 +58,22 @@ def _register_build(parser: argparse.ArgumentParser) -> None:
 
 # One (name, help, register) entry per action; register(parser) adds the action's arguments and
 # parser.set_defaults(run=...). Instructor score export (`scores`) is the next entry to add.
+def _register_scores(parser: argparse.ArgumentParser) -> None:
+    from dtlab.workshop.scores import register_scores  # imported on use: keeps --help instant
+
+    register_scores(parser)
+
+
 ACTIONS = [
     (
         "build",
         "write solutions/NN_*.ipynb and labs/NN_*.ipynb from solutions/NN_*.py",
         _register_build,
+    ),
+    (
+        "scores",
+        "aggregate learners' progress files into a CSV and a pseudonymous leaderboard",
+        _register_scores,
     ),
 ]
 

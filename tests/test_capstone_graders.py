@@ -1,0 +1,63 @@
+"""Lab 12's graders: wrong numbers, hard-coded answers, rank-dependent plans and bad plans fail."""
+
+from __future__ import annotations
+
+import math
+
+import dtlab
+from dtlab.quiz import check_exercise
+from dtlab.quiz.graders.capstone import (
+    LLAMA_70B,
+    ParallelPlan,
+    plan_problems,
+    reference_checkpoint_interval_s,
+    reference_memory_per_gpu,
+    reference_training_days,
+)
+
+
+def test_reference_numbers_match_the_back_of_envelope():
+    assert math.isclose(reference_training_days(LLAMA_70B), 12.0, rel_tol=0.01)
+    assert reference_memory_per_gpu(70e9, ParallelPlan(dp=1, tp=1, pp=1, zero_stage=0)) == 1.12e12
+    assert math.isclose(reference_checkpoint_interval_s(LLAMA_70B) / 60, 21.9, rel_tol=0.01)
+
+
+def test_plan_problems_name_every_broken_constraint():
+    problems = plan_problems(LLAMA_70B, ParallelPlan(dp=16, tp=16, pp=3, zero_stage=4))
+    text = "\n".join(problems)
+    assert "dp·tp·pp = 768, but the job has 2048 GPUs" in text
+    assert "TP 16 spans nodes" in text and "does not divide 80 layers" in text
+    assert "ZeRO stage 4 does not exist" in text
+    (batch,) = plan_problems(LLAMA_70B, ParallelPlan(dp=2048, tp=1, pp=1, zero_stage=1))
+    assert "gives 0.5 micro-batches; need a whole number" in batch
+    (memory,) = plan_problems(LLAMA_70B, ParallelPlan(dp=1024, tp=2, pp=1, zero_stage=0))
+    assert memory.startswith("needs 605.6 GB") and "GB is usable" in memory
+
+
+def test_an_answer_hard_coded_for_the_70b_job_fails_on_the_others(cluster2):
+    result = check_exercise("capstone.training_days", lambda req: 12.0, cluster2, record=False)
+    assert not result and "13B on 256 A100-80GB: training days is 12.0" in result.message
+
+
+def test_a_plan_that_differs_between_ranks_fails(cluster2):
+    def rank_dependent(req):
+        return ParallelPlan(dp=req.n_gpus // 8, tp=8, pp=1, zero_stage=1 + dtlab.rank())
+
+    result = check_exercise("capstone.choose_plan", rank_dependent, cluster2, record=False)
+    assert not result and "every rank must derive the same answer" in result.message
+
+
+def test_a_plan_that_does_not_fit_is_explained(cluster2):
+    def plain_ddp(req):
+        return ParallelPlan(dp=req.n_gpus, tp=1, pp=1, zero_stage=0)
+
+    result = check_exercise("capstone.choose_plan", plain_ddp, cluster2, record=False)
+    assert not result and "7B on 64 H100: needs 130.3 GB per GPU" in result.message
+
+
+def test_memory_without_zero_sharding_fails_with_the_plan_named(cluster2):
+    def no_zero(params, plan):
+        return 16 * params / (plan.tp * plan.pp)
+
+    result = check_exercise("capstone.memory_per_gpu", no_zero, cluster2, record=False)
+    assert not result and "zero_stage=3" in result.message
