@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 import dtlab
 from dtlab import Cluster, ClusterTimeout, RankDied, RankError
-from dtlab.runtime.cluster import _pid_alive
 from dtlab.runtime.errors import ResultNotPicklable
+from dtlab.runtime.pool import pid_alive
 
 
 def test_run_returns_results_in_rank_order(cluster4):
@@ -126,11 +126,11 @@ def test_rank_killed_by_sigkill_is_named_and_pool_restarts():
 def test_close_leaves_no_rank_processes():
     cluster = Cluster(3, device="cpu")
     pids = cluster.pids
-    assert len(pids) == 3 and all(_pid_alive(p) for p in pids)
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
     workdir = cluster._workdir
     assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
     cluster.close()
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert not os.path.exists(workdir)
     cluster.close()  # idempotent
 
@@ -143,9 +143,9 @@ def test_garbage_collection_leaves_no_rank_processes():
     del cluster
     gc.collect()
     deadline = time.monotonic() + 10
-    while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
 
 
 def test_interrupt_during_run_kills_ranks_and_next_run_works():
@@ -157,7 +157,7 @@ def test_interrupt_during_run_kills_ranks_and_next_run_works():
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             cluster.run(time.sleep, 30)
-        assert not any(_pid_alive(p) for p in pids)
+        assert not any(pid_alive(p) for p in pids)
         assert cluster.run(lambda: dtlab.rank()) == [0, 1]
 
 

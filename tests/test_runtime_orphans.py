@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from dtlab.runtime.cluster import _pid_alive
+from dtlab.runtime.pool import pid_alive
 
 KERNEL = textwrap.dedent(
     """
@@ -36,14 +36,14 @@ def test_ranks_exit_when_the_kernel_is_killed(tmp_path):
     kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
-        assert len(pids) == 3 and all(_pid_alive(p) for p in pids)
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
         time.sleep(1.0)  # let the ranks enter the blocking broadcast
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(timeout=10)
         deadline = time.monotonic() + 15
-        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert [p for p in pids if _pid_alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
     finally:
         if kernel.poll() is None:
             kernel.kill()

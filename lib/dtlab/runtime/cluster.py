@@ -23,7 +23,6 @@ What happens where:
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import tempfile
@@ -310,22 +309,3 @@ class Cluster:
             rank,
             exitcode,
         )
-
-
-def current_pids_of(cluster: Cluster) -> list[int]:
-    """Helper for tests and ``dtlab doctor``: the live rank pids of ``cluster``."""
-    return [pid for pid in cluster.pids if _pid_alive(pid)]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False

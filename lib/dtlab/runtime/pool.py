@@ -183,3 +183,18 @@ def _size(path: str) -> int:
 
 def remove_workdir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie that exited but is not yet reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
