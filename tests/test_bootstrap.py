@@ -145,7 +145,7 @@ def test_second_run_skips_the_install_because_the_stamp_matches(shell, checkout)
     shell.commands.clear()
     assert bootstrap.main(["lab", "--no-browser"]) == 3
     python = str(bootstrap.venv_executable(checkout / ".venv", "python"))
-    assert shell.commands == [[python, "-m", "jupyterlab", "labs/", "--no-browser"]]
+    assert shell.commands == [[python, "-m", "dtlab.cli", "lab", "--no-browser"]]
 
 
 def test_editing_pyproject_reinstalls_into_the_existing_venv(shell, checkout):

@@ -140,6 +140,14 @@ def test_lab_starts_jupyterlab_in_labs_and_passes_options_through(monkeypatch, c
     assert f"--ServerApp.root_dir={cwd}" in command and cwd.name == "labs"
 
 
+def test_lab_as_root_adds_allow_root_once(monkeypatch):
+    monkeypatch.setattr(lab, "running_as_root", lambda: True)
+    assert lab.jupyter_command(Path("labs"), None, []).count("--allow-root") == 1
+    assert lab.jupyter_command(Path("labs"), None, ["--allow-root"]).count("--allow-root") == 1
+    monkeypatch.setattr(lab, "running_as_root", lambda: False)
+    assert "--allow-root" not in lab.jupyter_command(Path("labs"), None, [])
+
+
 def test_doctor_reports_gpu_count_and_nccl_version_when_cuda_is_available(monkeypatch):
     import torch
     import torch.cuda.nccl

@@ -24,8 +24,8 @@ Steps, each printed as it runs, each skipped when already done (run it as often 
 5. Record a stamp (a hash of pyproject.toml and the torch choice) in ``.venv``; while it matches,
    steps 3–4 are skipped.
 
-Then ``lab`` runs ``jupyter lab labs/`` (as ``python -m jupyterlab labs/``; extra arguments
-pass through, e.g. ``--no-browser``) and ``test`` runs ``python -m pytest`` with
+Then ``lab`` runs ``dtlab lab`` (JupyterLab on ``labs/``; extra arguments pass through,
+e.g. ``--no-browser``) and ``test`` runs ``python -m pytest`` with
 ``DTLAB_MODE=fast`` unless you set it, and exits with pytest's exit status (pyproject's pytest
 settings add the solution notebooks through ``--nbval-lax``).
 """
@@ -198,9 +198,9 @@ def install_is_current(plan: Plan) -> bool:
 
 
 def lab_command(plan: Plan, extra: list[str]) -> list[str]:
-    """``jupyter lab labs/``, spelled through the venv's python: with --system-site-packages
-    JupyterLab may live in the base environment, and then .venv/bin has no ``jupyter``."""
-    return [str(plan.venv_python), "-m", "jupyterlab", "labs/", *extra]
+    """``dtlab lab``, spelled through the venv's python (with --system-site-packages the venv may
+    have no console scripts of its own): it starts JupyterLab on labs/ and owns the details."""
+    return [str(plan.venv_python), "-m", "dtlab.cli", "lab", *extra]
 
 
 def test_command(plan: Plan, extra: list[str]) -> list[str]:

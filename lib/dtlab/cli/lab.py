@@ -7,6 +7,7 @@ is never mistaken for a lab number: ``dtlab lab 02 --no-browser --port=8899``.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,16 @@ def find_lab(labs_dir: Path, number: str) -> Path:
 def jupyter_command(labs_dir: Path, lab: Path | None, extra: list[str]) -> list[str]:
     """The JupyterLab command line: rooted at ``labs_dir``, opening ``lab`` if given."""
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={labs_dir}"]
+    if running_as_root() and "--allow-root" not in extra:
+        # Containers on GPU boxes often run as root, and JupyterLab refuses root without this.
+        command.append("--allow-root")
     if lab is not None:
         command.append(str(lab.relative_to(labs_dir)))
     return command + list(extra)
+
+
+def running_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def run(args: argparse.Namespace) -> int:
