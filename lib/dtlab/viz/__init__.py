@@ -3,11 +3,13 @@
 * :func:`timeline` — per-rank Gantt of a run's spans (compute, comm, idle, ...).
 * :func:`memory_bars` — memory per rank stacked by category, beside the formula's prediction.
 * :func:`bandwidth_curve` — measured vs alpha-beta bandwidth of a collective over message sizes.
+* :func:`memory_calculator` — widgets: model size, N, ZeRO stage, precision → bytes per rank.
 * :func:`setup_notebook` — pin the renderer and template so saved notebooks are deterministic.
 """
 
 from dtlab.viz.bandwidth import bandwidth_curve
 from dtlab.viz.memory_bars import memory_bars
+from dtlab.viz.memory_calculator import memory_calculator
 from dtlab.viz.theme import (
     DTLAB_TEMPLATE,
     KIND_COLORS,
@@ -21,6 +23,7 @@ __all__ = [
     "timeline",
     "memory_bars",
     "bandwidth_curve",
+    "memory_calculator",
     "setup_notebook",
     "DTLAB_TEMPLATE",
     "KIND_COLORS",
