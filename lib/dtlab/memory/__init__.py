@@ -3,6 +3,7 @@
 * :mod:`~dtlab.memory.formulas` — bytes/param recipes, ZeRO stages, activation formulas.
 * :mod:`~dtlab.memory.measure` — :class:`MemoryReport` by category; exact tensor accounting.
 * :mod:`~dtlab.memory.activations` — :class:`ActivationMeter`: bytes saved for backward.
+* :mod:`~dtlab.memory.peak` — :func:`peak_bytes_of`: the high-water mark of one step, CPU or GPU.
 """
 
 from dtlab.memory.activations import ActivationMeter
@@ -20,6 +21,7 @@ from dtlab.memory.formulas import (
     zero_comm_bytes_per_rank,
 )
 from dtlab.memory.measure import CATEGORIES, MemoryReport, cuda_memory_report, measure_model_state
+from dtlab.memory.peak import WorkPeak, peak_bytes_of
 
 __all__ = [
     "Recipe",
@@ -38,4 +40,6 @@ __all__ = [
     "measure_model_state",
     "cuda_memory_report",
     "ActivationMeter",
+    "WorkPeak",
+    "peak_bytes_of",
 ]
