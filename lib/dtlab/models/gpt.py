@@ -104,16 +104,20 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.seed = seed
-        # Built on the meta device (no memory, no RNG use), then materialised and initialised
-        # from our own generator, so construction never reads or advances the global RNG.
-        meta = torch.device("meta")
+        # torch's layers initialise themselves from the global RNG. Construction runs inside
+        # fork_rng, which restores the caller's random state afterwards, and every value is then
+        # overwritten from our own generator: the model depends on (seed, names, shapes) only.
+        # (Building on the meta device would avoid the throw-away init, but meta kernels import
+        # torch._dynamo on first use: over a second in every fresh rank process.)
+        target = torch.device(device) if device is not None else torch.device("cpu")
+        forked = [target.index or 0] if target.type == "cuda" else []
         d = config.d_model
-        self.embed = nn.Embedding(config.vocab_size, d, device=meta)
-        self.pos_embed = nn.Embedding(config.seq_len, d, device=meta)
-        self.blocks = nn.ModuleList(Block(config, meta) for _ in range(config.n_layers))
-        self.final_norm = nn.LayerNorm(d, bias=config.bias, device=meta)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False, device=meta)
-        self.to_empty(device=device if device is not None else "cpu")
+        with torch.random.fork_rng(devices=forked):
+            self.embed = nn.Embedding(config.vocab_size, d, device=target)
+            self.pos_embed = nn.Embedding(config.seq_len, d, device=target)
+            self.blocks = nn.ModuleList(Block(config, target) for _ in range(config.n_layers))
+            self.final_norm = nn.LayerNorm(d, bias=config.bias, device=target)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False, device=target)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters(seed)
