@@ -28,12 +28,16 @@ from dtlab import trace
 from dtlab.config import fast_mode
 from dtlab.memory import (
     RECIPES,
-    measure_model_state,
     model_state_bytes,
     zero_comm_bytes_per_rank,
 )
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
-from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, MixedPrecision, ZeroOptimizer
+from dtlab.parallel import (
+    FullyShardedDataParallel,
+    MixedPrecision,
+    ZeroOptimizer,
+    shard_by_zero_stage,
+)
 from dtlab.quiz import ask, check_exercise
 from dtlab.viz.memory_calculator import stage_table
 
@@ -97,24 +101,15 @@ def held_after_backward(stage: int, mixed: bool = False) -> dict:
     rank, world, device = dtlab.rank(), dtlab.world_size(), dtlab.device()
     precision = MixedPrecision() if mixed else None
     model = GPT(CONFIG, seed=0).to(device)
-    if stage == 0:
-        forward = BucketedDDP(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        stats = forward.comm_stats
-    elif stage in (1, 2):
-        if precision is not None:
-            model.to(precision.param_dtype)
-        forward = model
-        opt = ZeroOptimizer(
-            model.parameters(), torch.optim.AdamW, stage=stage, mixed_precision=precision, lr=1e-3
-        )
-        stats = opt.comm_stats
-    else:
-        forward = FullyShardedDataParallel(
-            model, units=list(model.blocks), mixed_precision=precision
-        )
-        opt = forward.build_optimizer(torch.optim.AdamW, lr=1e-3)
-        stats = forward.comm_stats
+    setup = shard_by_zero_stage(
+        model,
+        stage,
+        torch.optim.AdamW,
+        mixed_precision=precision,
+        units=list(model.blocks),
+        lr=1e-3,
+    )
+    forward, opt, stats = setup.forward, setup.optimizer, setup.comm_stats
     data = SyntheticTokens(CONFIG, n_batches=2, batch_size=4 * world, seed=0)
     for step, batch in enumerate(data):
         x, y = (t.to(device) for t in shard_for_rank(batch, rank, world))
@@ -122,13 +117,8 @@ def held_after_backward(stage: int, mixed: bool = False) -> dict:
             stats.reset()
         opt.zero_grad()
         loss_fn(forward(x), y).backward()
-        if step == 1 and stage == 0:
-            buckets = [b.buffer for b in forward.buckets]
-            held = measure_model_state(model, opt, extra_buffers=buckets).by_category
-        elif step == 1:
-            h = opt.held_bytes()
-            held = {"parameters": h["params"], "gradients": h["grads"]}
-            held["optimizer_state"] = h["optimizer_state"]
+        if step == 1:
+            held = setup.held_by_category()
         opt.step()
     return {"held": {k: v for k, v in held.items() if v}, "sent": stats.bytes_sent}
 

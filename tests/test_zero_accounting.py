@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dtlab
-from dtlab.memory import measure_model_state, model_state_bytes, zero_comm_bytes_per_rank
-from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, MixedPrecision, ZeroOptimizer
+from dtlab.memory import model_state_bytes, zero_comm_bytes_per_rank
+from dtlab.parallel import MixedPrecision, shard_by_zero_stage
 from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
 
 
@@ -16,24 +16,11 @@ def _held_and_sent(stage: int, recipe: str) -> dict:
     rank, world = dtlab.rank(), dtlab.world_size()
     mp = MixedPrecision() if recipe == "mixed_adam" else None
     model = TiedToyModel(seed=0)
-    if stage == 0:
-        forward = BucketedDDP(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        stats = forward.comm_stats
-    elif stage in (1, 2):
-        if mp is not None:
-            model.to(mp.param_dtype)
-        forward = model
-        opt = ZeroOptimizer(
-            model.parameters(), torch.optim.AdamW, stage=stage, mixed_precision=mp, lr=1e-2
-        )
-        stats = opt.comm_stats
-    else:
-        forward = FullyShardedDataParallel(
-            model, units=[model.up, model.down, model.branch], mixed_precision=mp
-        )
-        opt = forward.build_optimizer(torch.optim.AdamW, lr=1e-2)
-        stats = forward.comm_stats
+    units = [model.up, model.down, model.branch]
+    setup = shard_by_zero_stage(
+        model, stage, torch.optim.AdamW, mixed_precision=mp, units=units, lr=1e-2
+    )
+    forward, opt, stats = setup.forward, setup.optimizer, setup.comm_stats
     held = None
     for step, (tokens, targets) in enumerate(toy_batches(2)):
         if step == 1:
@@ -43,19 +30,12 @@ def _held_and_sent(stage: int, recipe: str) -> dict:
             forward(rank_slice(tokens, rank, world)), rank_slice(targets, rank, world)
         ).backward()
         if step == 1:
+            report = setup.held_by_category()
+            held = {k: report[k] for k in ("parameters", "gradients", "optimizer_state")}
             if stage == 0:
-                report = measure_model_state(model, opt).by_category
-                held = {k: report[k] for k in ("parameters", "gradients", "optimizer_state")}
                 # The formulas count trained parameters; the frozen layer is replicated anyway.
                 frozen = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
                 held["parameters"] -= frozen
-            else:
-                h = opt.held_bytes()
-                held = {
-                    "parameters": h["params"],
-                    "gradients": h["grads"],
-                    "optimizer_state": h["optimizer_state"],
-                }
         opt.step()
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"held": held, "sent": stats.bytes_sent, "psi": psi}
@@ -84,3 +64,12 @@ def test_zero_stage_bytes_held_and_sent_per_rank_match_formulas(world, request):
     ddp = per_rank[0][(0, "fp32_adam")]["sent"]
     assert per_rank[0][(1, "fp32_adam")]["sent"] == per_rank[0][(2, "fp32_adam")]["sent"] == ddp
     assert per_rank[0][(3, "fp32_adam")]["sent"] == 1.5 * ddp
+
+
+def test_shard_by_zero_stage_says_which_stages_exist_and_where_mixed_precision_goes():
+    with pytest.raises(ValueError, match=r"choose 0 \(DDP\), 1, 2 or 3"):
+        shard_by_zero_stage(TiedToyModel(seed=0), 4, torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="choose stage 1, 2 or 3"):
+        shard_by_zero_stage(
+            TiedToyModel(seed=0), 0, torch.optim.SGD, mixed_precision=MixedPrecision(), lr=0.1
+        )

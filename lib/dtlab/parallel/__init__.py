@@ -18,6 +18,7 @@ from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.mixed_precision import MixedPrecision
 from dtlab.parallel.offload import offload_device
+from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
 from dtlab.parallel.zero3 import FullyShardedDataParallel, ShardedParameterOptimizer
 from dtlab.parallel.zero_optimizer import ZeroOptimizer
@@ -34,11 +35,13 @@ __all__ = [
     "ShardedParameterOptimizer",
     "Straggler",
     "ZeroOptimizer",
+    "ZeroStageSetup",
     "assign_buckets",
     "clip_sharded_grad_norm_",
     "gather_full_parameters",
     "offload_device",
     "ring_bytes_sent",
     "run_async_sgd",
+    "shard_by_zero_stage",
     "straggle",
 ]

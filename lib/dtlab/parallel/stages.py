@@ -1,0 +1,97 @@
+"""One model, four ways to data-parallelise it: the ZeRO stages side by side.
+
+``shard_by_zero_stage(model, stage, torch.optim.AdamW, lr=...)`` wraps ``model`` the way stage
+``stage`` of ZeRO (Rajbhandari et al. 2020) holds it, so a lab or a test can train every stage
+with the same loop and compare bytes:
+
+======  =============================================  ============================  ==============
+stage   wrapper                                        held per rank (mixed Adam)    sent per step
+======  =============================================  ============================  ==============
+0       :class:`BucketedDDP` + a plain optimizer       ``16Ψ``                       ``2(N-1)/N·2Ψ``
+1       :class:`ZeroOptimizer` (optimizer state)       ``4Ψ + 12Ψ/N``                same as DDP
+2       :class:`ZeroOptimizer` (+ gradients)           ``2Ψ + 14Ψ/N``                same as DDP
+3       :class:`FullyShardedDataParallel` (+ params)   ``16Ψ/N``                     ``1.5×`` DDP
+======  =============================================  ============================  ==============
+
+(``Ψ`` trained parameters, ``N`` ranks; the formulas live in :mod:`dtlab.memory.formulas`.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dtlab.memory import measure_model_state
+from dtlab.parallel.ddp_bucketed import BucketedDDP
+from dtlab.parallel.ddp_common import CommStats
+from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.parallel.zero3 import FullyShardedDataParallel
+from dtlab.parallel.zero_optimizer import ZeroOptimizer
+
+
+@dataclass
+class ZeroStageSetup:
+    """What a training loop needs: call ``forward``, step ``optimizer``, read ``comm_stats``."""
+
+    stage: int
+    model: nn.Module
+    forward: nn.Module
+    optimizer: object
+    comm_stats: CommStats
+
+    def held_by_category(self) -> dict[str, int]:
+        """Bytes this rank holds now: parameters, gradients, optimizer state (and, for DDP,
+        its gradient buckets as communication buffers), measured from the tensors."""
+        if self.stage == 0:
+            buckets = [bucket.buffer for bucket in self.forward.buckets]
+            report = measure_model_state(self.model, self.optimizer, extra_buffers=buckets)
+            return dict(report.by_category)
+        held = self.optimizer.held_bytes()
+        return {
+            "parameters": held["params"],
+            "gradients": held["grads"],
+            "optimizer_state": held["optimizer_state"],
+        }
+
+
+def shard_by_zero_stage(
+    model: nn.Module,
+    stage: int,
+    optimizer_cls: type[torch.optim.Optimizer],
+    *,
+    mixed_precision: MixedPrecision | None = None,
+    units: list[nn.Module] | None = None,
+    **optimizer_kwargs,
+) -> ZeroStageSetup:
+    """Wrap ``model`` for ZeRO ``stage`` (0 = plain DDP) with an ``optimizer_cls`` over it.
+
+    ``units`` are the ZeRO-3 gather units (default: one per ``nn.ModuleList`` element plus the
+    root). Mixed precision (compute-dtype params and grads, fp32 master weights) needs stage ≥ 1.
+    """
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage {stage!r} does not exist; choose 0 (DDP), 1, 2 or 3")
+    if stage == 0:
+        if mixed_precision is not None:
+            raise ValueError(
+                "mixed precision keeps fp32 master weights in the sharded optimizer; "
+                "choose stage 1, 2 or 3, or train DDP in fp32"
+            )
+        forward = BucketedDDP(model)
+        optimizer = optimizer_cls(model.parameters(), **optimizer_kwargs)
+        return ZeroStageSetup(0, model, forward, optimizer, forward.comm_stats)
+    if stage in (1, 2):
+        if mixed_precision is not None:
+            model.to(mixed_precision.param_dtype)
+        optimizer = ZeroOptimizer(
+            model.parameters(),
+            optimizer_cls,
+            stage=stage,
+            mixed_precision=mixed_precision,
+            **optimizer_kwargs,
+        )
+        return ZeroStageSetup(stage, model, model, optimizer, optimizer.comm_stats)
+    forward = FullyShardedDataParallel(model, units=units, mixed_precision=mixed_precision)
+    optimizer = forward.build_optimizer(optimizer_cls, **optimizer_kwargs)
+    return ZeroStageSetup(3, model, forward, optimizer, forward.comm_stats)
