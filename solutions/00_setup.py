@@ -125,6 +125,7 @@ dtlab.viz.timeline(res.trace, title="Compute, then all-reduce, on every rank")
 # Look for: the rank number and the `ValueError` line in the first message; `broadcast` and
 # the function name in the second.
 
+
 # %%
 def fails_on_last_rank():
     if dtlab.rank() == dtlab.world_size() - 1:

@@ -153,3 +153,45 @@ def test_a_rank_outside_the_group_gets_a_clear_error(cluster2):
 def test_unknown_algorithm_lists_the_choices():
     with pytest.raises(ValueError, match="choose one of"):
         C.all_reduce(torch.ones(2), algorithm="butterfly")
+
+
+def _pipelined_ring_mismatches() -> list[str]:
+    """Many segments per chunk, windows of 1..4 receives ahead, both executors, on real gloo."""
+    from dtlab.collectives import p2p
+    from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
+
+    bad, the_property = [], p2p.TorchTransport.streams
+    for streams in (True, False):
+        p2p.TorchTransport.streams = streams  # this rank's process only; restored below
+        try:
+            for length, segment_bytes, window in [(1001, 64, 1), (1001, 40, 4), (1001, 24, 8), (5, 4, 2)]:
+                for dtype in (torch.float32, torch.bfloat16):
+                    for op in ("sum", "avg"):
+                        x = _input(length, dist.get_rank(), dtype)
+                        pipelined_ring_all_reduce_(
+                            x, op, C.peers_of(), segment_bytes=segment_bytes, window=window
+                        )
+                        if not torch.equal(x, _reference(length, dtype, op)):
+                            bad.append(f"streams={streams} L={length} {dtype} {op} W={window}")
+        finally:
+            p2p.TorchTransport.streams = the_property
+    return bad
+
+
+def test_the_pipelined_ring_matches_torch_with_many_segments_in_flight(cluster3):
+    assert cluster3.run(_pipelined_ring_mismatches) == [[]] * 3
+
+
+def test_the_pipelined_ring_draws_two_n_minus_one_steps_to_the_right_neighbour(cluster3):
+    def ring_in_segments():
+        from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
+
+        pipelined_ring_all_reduce_(torch.ones(3 * 1000), "sum", C.peers_of(), segment_bytes=400)
+
+    trace = cluster3.run(ring_in_segments).trace
+    for rank in range(3):
+        steps = [s for s in trace.spans if s.rank == rank and s.kind == "comm"]
+        assert [s.labels["step"] for s in steps] == [0, 1, 2, 3]
+        assert [s.name.split()[-1] for s in steps] == ["reduce-scatter"] * 2 + ["all-gather"] * 2
+        assert sum(s.nbytes for s in steps) == 2 * 2 * 1000 * 4  # 2(N-1)/N · M
+    assert C.traffic_matrix(trace.spans, 3) == [[0, 16000, 0], [0, 0, 16000], [16000, 0, 0]]

@@ -58,22 +58,46 @@ def test_a_mismatched_schedule_is_reported_not_hung():
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_sliced_ring_pipeline_gives_the_same_sum_and_the_same_bytes(n):
-    """Large buffers run the ring as staggered slices; force it with tiny slices."""
-    from dtlab.collectives.allreduce import all_reduce_ring_
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "lockstep"])
+def test_the_pipelined_ring_gives_the_same_average_the_same_bytes_and_k_messages_per_step(
+    n, streaming
+):
+    """Tiny segments force many per chunk; the lock-step executor (NCCL's) must agree."""
+    from dtlab.collectives import p2p
+    from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
 
-    def body(length: int, chunk_bytes: int):
+    def body(length: int, segment_bytes: int, window: int):
+        p2p._thread.world.transport.streams = streaming
         rank = rank_of_simulation()
         x = ((torch.arange(length) * 3 + rank * 5) % 11).float()
         with C.counting() as moved:
-            all_reduce_ring_(x, "avg", C.peers_of(), chunk_bytes=chunk_bytes)
+            pipelined_ring_all_reduce_(
+                x, "avg", C.peers_of(), segment_bytes=segment_bytes, window=window
+            )
         return x, moved.bytes_sent, moved.messages_sent
 
-    for length, chunk_bytes in [(13, 4), (40, 8), (960, 16)]:
+    for length, segment_bytes, window in [(13, 4, 1), (40, 8, 3), (960, 16, 4), (7, 1 << 20, 2)]:
         inputs = torch.stack([((torch.arange(length) * 3 + r * 5) % 11).float() for r in range(n)])
         want = inputs.sum(0) / n
-        for x, sent, messages in simulate(n, body, length, chunk_bytes):
+        for x, sent, messages in simulate(n, body, length, segment_bytes, window):
             assert torch.equal(x, want)
-            if length == 960:  # 960 / (4n) slices of 4n elements each (n divides 960)
+            if length == 960:  # chunks of 960/n elements in segments of 4: K = 240/n per step
                 assert sent == 2 * (n - 1) * 960 * 4 // n
-                assert messages == 2 * (n - 1) * 960 // (n * 4)
+                assert messages == 2 * (n - 1) * (960 // n) // 4
+
+
+def test_posted_receives_match_messages_in_posting_order_whatever_the_wait_order():
+    """As in MPI and gloo: the first receive posted from a peer gets that peer's first message."""
+
+    def body():
+        peers = C.peers_of()
+        if rank_of_simulation() == 0:
+            for value in (1.0, 2.0, 3.0):
+                peers.post_send(1, torch.full((2,), value)).wait()
+            return None
+        boxes = [torch.zeros(2) for _ in range(3)]
+        handles = [peers.post_recv(0, box) for box in boxes]
+        handles[2].wait()  # waiting on the last fills the earlier ones first
+        return [box[0].item() for box in boxes]
+
+    assert simulate(2, body)[1] == [1.0, 2.0, 3.0]

@@ -42,7 +42,15 @@ __all__ = [
 
 
 _SUBMODULES = {
-    "collectives", "config", "cost", "memory", "models", "parallel", "quiz", "trace", "viz",
+    "collectives",
+    "config",
+    "cost",
+    "memory",
+    "models",
+    "parallel",
+    "quiz",
+    "trace",
+    "viz",
     "workshop",
 }
 

@@ -75,10 +75,13 @@ def main(argv: list[str]) -> int:
     print(f"ranks: {result['world_size']} (gloo, CPU)")
     print(f"cold start, first (forkserver imports torch): {result['first_cold_start_s']:.2f} s")
     print(f"cold start, median of later starts:            {result['cold_start_median_s']:.2f} s")
-    print(f"warm run of a no-op, median:                   "
-          f"{result['warm_run_median_s'] * 1e3:.2f} ms")
-    print(f"warm run of a 4-byte all_reduce, median:       "
-          f"{result['warm_allreduce_run_median_s'] * 1e3:.2f} ms")
+    print(
+        f"warm run of a no-op, median:                   {result['warm_run_median_s'] * 1e3:.2f} ms"
+    )
+    print(
+        f"warm run of a 4-byte all_reduce, median:       "
+        f"{result['warm_allreduce_run_median_s'] * 1e3:.2f} ms"
+    )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)

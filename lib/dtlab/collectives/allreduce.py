@@ -22,29 +22,26 @@ latencies instead of ``2 (N-1)``, so they win for small messages. Rabenseifner (
 collective reduction operations", ICCS 2004) gets both: the ring's bytes with ``log N`` steps.
 For ``N`` not a power of two, recursive doubling and Rabenseifner first fold the first
 ``2 (N-p)`` ranks in pairs (even hands its buffer to odd) and unfold at the end (Thakur et al. 2005).
-Buffers above ``N · 4 MiB`` run the ring as a pipeline of slices (:func:`all_reduce_ring_`): same
-bytes, more but overlapping steps; the model above keeps the textbook ring's ``2 (N-1)`` steps.
+The ring streams its chunks in segments of at most 4 MiB, several in flight
+(:mod:`~dtlab.collectives.ring_pipeline`): same bytes and steps, ``K`` messages per step for
+chunks of ``K`` segments, and steps that overlap; the model above is the textbook ring's.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 
 from dtlab.collectives.broadcast import broadcast_flat_
 from dtlab.collectives.ops import (
-    chunk_bounds,
     combine_,
     finish_,
     flat_view,
     largest_power_of_two_at_most,
     normalize_op,
-    segments,
-    workspace,
 )
 from dtlab.collectives.p2p import Group, Peers, peers_of
 from dtlab.collectives.reduce import reduce_flat_
+from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
 
 
 def all_reduce_naive_(flat: torch.Tensor, op: str, peers: Peers) -> None:
@@ -56,57 +53,12 @@ def all_reduce_naive_(flat: torch.Tensor, op: str, peers: Peers) -> None:
     broadcast_flat_(flat, 0, peers)
 
 
-SLICE_CHUNK_BYTES = 4 << 20
-"""A buffer whose ring chunks would exceed this runs the ring as a pipeline of slices, each
-slice's chunks about this size (see :func:`all_reduce_ring_`)."""
-
-
 def all_reduce_ring_(
-    flat: torch.Tensor,
-    op: str,
-    peers: Peers,
-    *,
-    name: str = "all_reduce.ring",
-    chunk_bytes: int | None = SLICE_CHUNK_BYTES,
+    flat: torch.Tensor, op: str, peers: Peers, *, name: str = "all_reduce.ring"
 ) -> None:
-    """Ring reduce-scatter (``N-1`` steps), finish my chunk, ring all-gather (``N-1`` steps).
-
-    When a chunk (``M/N``) would exceed ``chunk_bytes`` the buffer is cut into ``K`` slices of
-    ``N · chunk_bytes``, each all-reduced by its own ring, staggered by ``N-1`` steps: while slice
-    ``k`` is in its reduce-scatter, slice ``k-1`` is in its all-gather, and both travel in the
-    same step. ``(K+1)(N-1)`` steps instead of ``2K(N-1)``, the same bytes, and one slice's
-    additions overlap the other's transfer — the pipelining NCCL does with its ring "slices".
-    With one slice (the default below ``N · 4 MiB``) this is exactly the textbook ring.
-    """
-    n, r = peers.size, peers.rank
-    slice_bytes = None if chunk_bytes is None else n * chunk_bytes
-    pieces = [flat[part] for part in segments(flat.numel(), flat.element_size(), slice_bytes)]
-    bounds = [chunk_bounds(piece.numel(), n) for piece in pieces]
-    scratch = workspace(bounds[0][0][1], flat)  # chunk 0 of slice 0 is a largest chunk
-    for t in range((len(pieces) + 1) * (n - 1)):
-        reducing, s = divmod(t, n - 1)  # the slice in its reduce-scatter, and its step
-        gathering = reducing - 1  # the slice one phase ahead, in its all-gather (same step s)
-        sends, recvs, fold = [], [], None
-        if reducing < len(pieces):
-            piece, chunks = pieces[reducing], bounds[reducing]
-            target = piece[slice(*chunks[(r - 2 - s) % n])]
-            incoming = scratch[: target.numel()]
-            sends.append((peers.right, piece[slice(*chunks[(r - 1 - s) % n])]))
-            recvs.append((peers.left, incoming))
-            fold = partial(_fold_arrival, target, incoming, op)
-        if gathering >= 0:
-            piece, chunks = pieces[gathering], bounds[gathering]
-            if s == 0:  # its reduce-scatter just ended: my chunk is complete
-                finish_(piece[slice(*chunks[r])], op, n)
-            sends.append((peers.right, piece[slice(*chunks[(r - s) % n])]))
-            recvs.append((peers.left, piece[slice(*chunks[(r - s - 1) % n])]))
-        phase = "reduce-scatter" if gathering < 0 else "all-gather" if fold is None else "both"
-        peers.exchange(sends, recvs, name=f"{name} {phase}", step=t, on_arrival=fold)
-
-
-def _fold_arrival(target: torch.Tensor, incoming: torch.Tensor, op: str, index: int) -> None:
-    if index == 0:  # receive 0 is the reduce-scatter chunk; 1 (if any) needs no arithmetic
-        combine_(target, incoming, op)
+    """Ring reduce-scatter (``N-1`` steps), finish my chunk, ring all-gather (``N-1`` steps),
+    streamed segment by segment as NCCL and gloo do (:mod:`dtlab.collectives.ring_pipeline`)."""
+    pipelined_ring_all_reduce_(flat, op, peers, name=name)
 
 
 def _fold_in(flat: torch.Tensor, op: str, peers: Peers, name: str) -> int | None:

@@ -74,13 +74,6 @@ def chunk_sizes(length: int, parts: int) -> list[int]:
     return [stop - start for start, stop in chunk_bounds(length, parts)]
 
 
-def segments(length: int, itemsize: int, segment_bytes: int | None) -> list[slice]:
-    """Consecutive pieces of at most ``segment_bytes`` covering ``length`` elements (one piece
-    when ``segment_bytes`` is ``None``)."""
-    step = max(1, (segment_bytes or length * itemsize) // itemsize)
-    return [slice(start, min(start + step, length)) for start in range(0, max(length, 1), step)]
-
-
 def flat_view(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A 1-D view of ``tensor`` and whether it *is* the tensor's storage.
 

@@ -17,12 +17,19 @@ list of global ranks — sends and receives go over the default group, so a list
 ``dist.new_group`` call and costs nothing to make.
 
 Empty chunks (a 3-element buffer cut into 4) are skipped on both sides: they cost no message.
+
+A schedule that wants more than one step in flight — the pipelined ring
+(:mod:`dtlab.collectives.ring_pipeline`) — posts single messages instead:
+:meth:`Peers.post_send` and :meth:`Peers.post_recv` start one and return a handle to ``wait()``
+on, counted the moment they are posted. Messages between two ranks match in the order they were
+posted, as in MPI and gloo. Only transports whose ``streams`` is true allow it (gloo and the
+simulated one; not NCCL, see :attr:`TorchTransport.streams`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
@@ -95,29 +102,45 @@ Group = dist.ProcessGroup | Sequence[int] | None
 """Whom a collective runs over: ``None`` (every rank), a process group, or a list of global ranks."""
 
 
+class _Done:
+    """The handle of a message that needs no waiting (an empty one, or one already delivered)."""
+
+    def wait(self) -> None:
+        return None
+
+
+DONE = _Done()
+
+
 class TorchTransport:
     """Real messages: ``batch_isend_irecv`` over the default process group (gloo or NCCL)."""
+
+    @property
+    def streams(self) -> bool:
+        """Whether single sends and receives may be posted ahead and completed out of step.
+
+        gloo: yes — each ``isend``/``irecv`` progresses on its own in gloo's I/O thread. NCCL:
+        no — point-to-point ops between two ranks run in posting order on one CUDA stream, so two
+        ranks that each post a receive before their send wait on each other forever; NCCL needs
+        a step's sends and receives launched as one group (``batch_isend_irecv``).
+        """
+        return not (dist.is_initialized() and dist.get_backend() == "nccl")
+
+    def post_send(self, peer: int, tensor: torch.Tensor):
+        return dist.isend(tensor, peer)
+
+    def post_recv(self, peer: int, tensor: torch.Tensor):
+        return dist.irecv(tensor, peer)
 
     def exchange(
         self,
         sends: Sequence[tuple[int, torch.Tensor]],
         recvs: Sequence[tuple[int, torch.Tensor]],
-        on_arrival: Callable[[int], None] | None = None,
     ) -> None:
         ops = [dist.P2POp(dist.isend, tensor, peer) for peer, tensor in sends]
         ops += [dist.P2POp(dist.irecv, tensor, peer) for peer, tensor in recvs]
-        works = dist.batch_isend_irecv(ops)
-        if on_arrival is not None and len(works) == len(ops):
-            # gloo: one work per op, so act on each receive the moment it lands.
-            for i, work in enumerate(works[len(sends) :]):
-                work.wait()
-                on_arrival(i)
-            works = works[: len(sends)]
-            on_arrival = None
-        for work in works:  # NCCL coalesces the batch into one work: wait, then act
+        for work in dist.batch_isend_irecv(ops):  # NCCL coalesces the batch into one work
             work.wait()
-        for i in range(len(recvs)) if on_arrival is not None else ():
-            on_arrival(i)
 
 
 class Peers:
@@ -157,18 +180,14 @@ class Peers:
         *,
         name: str,
         step: int = 0,
-        on_arrival: Callable[[int], None] | None = None,
     ) -> None:
         """One step: post every ``(peer, tensor)`` send and receive together, then wait for all.
 
         Receives land in the given tensors (views of a bigger buffer are fine: they must be
-        contiguous). ``on_arrival(i)`` runs as soon as receive ``i`` has landed, while later ones
-        are still in flight (on gloo; on NCCL after the whole step) — a pipelined reduction.
-        The step is counted in :func:`comm_stats` and drawn as one ``comm`` span.
+        contiguous). The step is counted in :func:`comm_stats` and drawn as one ``comm`` span.
         """
-        wanted = [i for i, (_, t) in enumerate(recvs) if t.numel() > 0]
         sends = [(p, t) for p, t in sends if t.numel() > 0]
-        recvs = [recvs[i] for i in wanted]
+        recvs = [(p, t) for p, t in recvs if t.numel() > 0]
         if not sends and not recvs:
             return
         sent = sum(_nbytes(t) for _, t in sends)
@@ -178,13 +197,35 @@ class Peers:
             self._transport.exchange(
                 [(self.global_ranks[p], t) for p, t in sends],
                 [(self.global_ranks[p], t) for p, t in recvs],
-                on_arrival=None if on_arrival is None else (lambda i: on_arrival(wanted[i])),
             )
         stats = self._stats
         stats.messages_sent += len(sends)
         stats.bytes_sent += sent
         stats.messages_received += len(recvs)
         stats.bytes_received += received
+
+    @property
+    def streams(self) -> bool:
+        """Whether :meth:`post_send`/:meth:`post_recv` may be used (see :class:`TorchTransport`)."""
+        return self._transport.streams
+
+    def post_send(self, peer: int, tensor: torch.Tensor):
+        """Start sending ``tensor`` to ``peer``; returns a handle whose ``wait()`` returns once
+        ``tensor`` may be reused. Counted now; not traced (the caller draws its own steps)."""
+        if tensor.numel() == 0:
+            return DONE
+        self._stats.messages_sent += 1
+        self._stats.bytes_sent += _nbytes(tensor)
+        return self._transport.post_send(self.global_ranks[peer], tensor)
+
+    def post_recv(self, peer: int, tensor: torch.Tensor):
+        """Start receiving ``peer``'s next message into ``tensor`` (contiguous); ``wait()`` on
+        the handle returns once it has landed. Counted now; not traced."""
+        if tensor.numel() == 0:
+            return DONE
+        self._stats.messages_received += 1
+        self._stats.bytes_received += _nbytes(tensor)
+        return self._transport.post_recv(self.global_ranks[peer], tensor)
 
     def send(self, peer: int, tensor: torch.Tensor, *, name: str, step: int = 0) -> None:
         self.exchange(sends=[(peer, tensor)], name=name, step=step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,36 +21,63 @@ import torch
 from dtlab.collectives import p2p
 
 
+class _PostedRecv:
+    """A receive posted on a simulated rank; messages fill posted receives in posting order."""
+
+    def __init__(self, transport: _QueueTransport, peer: int, tensor: torch.Tensor):
+        self._transport, self.peer, self.tensor, self.landed = transport, peer, tensor, False
+
+    def wait(self) -> None:
+        posted = self._transport.posted[self.peer]
+        while not self.landed:  # fill every older receive from this peer first (FIFO matching)
+            posted.popleft()._land()
+
+    def _land(self) -> None:
+        me, peer, tensor = self._transport.me, self.peer, self.tensor
+        try:
+            message = self._transport.mailboxes[(peer, me)].get(timeout=self._transport.timeout)
+        except queue.Empty:
+            raise TimeoutError(
+                f"simulated rank {me} waited {self._transport.timeout}s for a message from rank "
+                f"{peer} that never came: the schedule's sends and receives do not match"
+            ) from None
+        if message.shape != tensor.shape or message.dtype != tensor.dtype:
+            raise RuntimeError(
+                f"simulated rank {me} expected {tuple(tensor.shape)} {tensor.dtype} "
+                f"from rank {peer} but got {tuple(message.shape)} {message.dtype}"
+            )
+        tensor.copy_(message)
+        self.landed = True
+
+
 class _QueueTransport:
+    streams = True  # a send never blocks: posting ahead is always safe
+
     def __init__(self, mailboxes: dict[tuple[int, int], queue.Queue], me: int, timeout: float):
-        self._mailboxes = mailboxes
-        self._me = me
-        self._timeout = timeout
+        self.mailboxes = mailboxes
+        self.me = me
+        self.timeout = timeout
+        self.posted: dict[int, deque[_PostedRecv]] = defaultdict(deque)
+
+    def post_send(self, peer: int, tensor: torch.Tensor) -> p2p._Done:
+        self.mailboxes[(self.me, peer)].put(tensor.clone())
+        return p2p.DONE
+
+    def post_recv(self, peer: int, tensor: torch.Tensor) -> _PostedRecv:
+        handle = _PostedRecv(self, peer, tensor)
+        self.posted[peer].append(handle)
+        return handle
 
     def exchange(
         self,
         sends: Sequence[tuple[int, torch.Tensor]],
         recvs: Sequence[tuple[int, torch.Tensor]],
-        on_arrival: Callable[[int], None] | None = None,
     ) -> None:
         for peer, tensor in sends:
-            self._mailboxes[(self._me, peer)].put(tensor.clone())
-        for peer, tensor in recvs:
-            try:
-                message = self._mailboxes[(peer, self._me)].get(timeout=self._timeout)
-            except queue.Empty:
-                raise TimeoutError(
-                    f"simulated rank {self._me} waited {self._timeout}s for a message from rank "
-                    f"{peer} that never came: the schedule's sends and receives do not match"
-                ) from None
-            if message.shape != tensor.shape or message.dtype != tensor.dtype:
-                raise RuntimeError(
-                    f"simulated rank {self._me} expected {tuple(tensor.shape)} {tensor.dtype} "
-                    f"from rank {peer} but got {tuple(message.shape)} {message.dtype}"
-                )
-            tensor.copy_(message)
-        for i in range(len(recvs)) if on_arrival is not None else ():
-            on_arrival(i)
+            self.post_send(peer, tensor)
+        handles = [self.post_recv(peer, tensor) for peer, tensor in recvs]
+        for handle in handles:
+            handle.wait()
 
 
 @dataclass
