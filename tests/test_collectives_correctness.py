@@ -164,7 +164,12 @@ def _pipelined_ring_mismatches() -> list[str]:
     for streams in (True, False):
         p2p.TorchTransport.streams = streams  # this rank's process only; restored below
         try:
-            for length, segment_bytes, window in [(1001, 64, 1), (1001, 40, 4), (1001, 24, 8), (5, 4, 2)]:
+            for length, segment_bytes, window in [
+                (1001, 64, 1),
+                (1001, 40, 4),
+                (1001, 24, 8),
+                (5, 4, 2),
+            ]:
                 for dtype in (torch.float32, torch.bfloat16):
                     for op in ("sum", "avg"):
                         x = _input(length, dist.get_rank(), dtype)

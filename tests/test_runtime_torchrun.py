@@ -95,3 +95,17 @@ def test_stack_dump_without_a_collective_names_the_user_frame():
     dump = dump.replace("distributed/c10d_logger.py", "nn/other.py")
     assert describe_blocking_call(dump).startswith("busy or blocked in mismatched")
     assert describe_blocking_call("") == "no Python stack could be read"
+
+
+def test_stack_dump_names_our_collective_when_it_waits_on_a_message():
+    dump = DUMP.replace(
+        '  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 2801 in broadcast\n'
+        '  File "/venv/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper\n',
+        '  File "/x/dtlab/collectives/ring_pipeline.py", line 174 in _run_streaming\n'
+        '  File "/x/dtlab/collectives/allreduce.py", line 61 in all_reduce_ring_\n'
+        '  File "/x/dtlab/collectives/allreduce.py", line 230 in all_reduce\n',
+    )
+    assert describe_blocking_call(dump) == (
+        "blocked in dtlab.collectives all_reduce (waiting in _run_streaming), "
+        "called from mismatched (/tmp/ipykernel_1/123.py:4)"
+    )

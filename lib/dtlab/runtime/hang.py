@@ -3,7 +3,8 @@
 A rank stuck inside a gloo/NCCL collective is blocked in C++, so no Python signal handler can run
 there. ``faulthandler`` can: it writes every thread's Python stack from a C-level signal handler.
 The Cluster sends SIGUSR1 to the ranks that did not finish, reads what they wrote, and names the
-``torch.distributed`` call each one was blocked in and the user line that called it.
+``torch.distributed`` call (or :mod:`dtlab.collectives` collective) each one was blocked in and
+the user line that called it.
 """
 
 from __future__ import annotations
@@ -40,9 +41,18 @@ def _is_torch_distributed(frame: Frame) -> bool:
     return "/torch/distributed/" in frame.file.replace("\\", "/")
 
 
+def _is_dtlab_collective(frame: Frame) -> bool:
+    return "/dtlab/collectives/" in frame.file.replace("\\", "/")
+
+
 def _is_library_internal(frame: Frame) -> bool:
     path = frame.file.replace("\\", "/")
-    return "/torch/" in path or "/dtlab/runtime/" in path or "/multiprocessing/" in path
+    return (
+        "/torch/" in path
+        or "/dtlab/runtime/" in path
+        or "/multiprocessing/" in path
+        or _is_dtlab_collective(frame)
+    )
 
 
 def describe_blocking_call(dump: str, worker_entry: str = "_call_user_function") -> str:
@@ -60,4 +70,10 @@ def describe_blocking_call(dump: str, worker_entry: str = "_call_user_function")
     where = f"{caller.func} ({caller.file}:{caller.line})" if caller else "an unknown frame"
     if collective is not None:
         return f"blocked in torch.distributed.{collective.func}, called from {where}"
+    ours = [f for f in user_frames if _is_dtlab_collective(f)]
+    if ours:  # our collectives wait on Work handles (C++): name the outermost one we were in
+        return (
+            f"blocked in dtlab.collectives {ours[-1].func} (waiting in {ours[0].func}), "
+            f"called from {where}"
+        )
     return f"busy or blocked in {where} (no torch.distributed call on its stack)"
