@@ -177,11 +177,11 @@ def _run_streaming(
                 combine_(flat[where], arrived[1], op)
                 if t == n - 2:  # the last fold: this segment of my chunk is complete
                     finish_(flat[where], op, n)
+        step.ended_ns = trace.now_ns()
         if j + window < len(order):
             post_recv(j + window)
         if t + 1 < len(steps):
             post_send(t + 1, i)
-        step.ended_ns = trace.now_ns()
     for handle in in_flight_sends:
         handle.wait()
 
