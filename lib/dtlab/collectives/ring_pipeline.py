@@ -27,7 +27,7 @@ per segment (:func:`_run_in_lockstep`), because ungrouped NCCL send/receive pair
 
 Measured on gloo with CPU ranks (``dtlab bench collectives --algorithms ring``, 16–64 MiB): the
 lock-step ring reached 0.7–0.9× the built-in all-reduce's busbw; this one about 1.0×
-(0.93–1.10× over repeated runs, 2 and 4 ranks). 4 MiB segments and 8 receives ahead were the
+(0.9–1.2× over repeated runs, 2 and 4 ranks). 4 MiB segments and 8 receives ahead were the
 best of segments 1–8 MiB × windows 2–8 measured.
 """
 
@@ -119,10 +119,9 @@ def pipelined_ring_all_reduce_(
     steps = _ring_steps(flat.numel(), flat.element_size(), peers.size, peers.rank, segment_bytes)
     if peers.streams:
         _run_streaming(flat, op, peers, steps, window)
+        _draw_steps(steps, flat.element_size(), peers, name)
     else:
-        _run_in_lockstep(flat, op, peers, steps, name)
-        return
-    _draw_steps(steps, flat.element_size(), peers, name)
+        _run_in_lockstep(flat, op, peers, steps, name)  # draws one span per segment
 
 
 def _run_streaming(
