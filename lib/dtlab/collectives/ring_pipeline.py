@@ -27,8 +27,8 @@ per segment (:func:`_run_in_lockstep`), because ungrouped NCCL send/receive pair
 
 Measured on gloo with CPU ranks (``dtlab bench collectives --algorithms ring --iters 21``,
 16–64 MiB, 2 and 4 ranks, 5 runs): the lock-step ring reached 0.7–0.9× the built-in
-all-reduce's busbw; this one 1.03–1.32× (0.84× once in a shorter, 7-iteration sweep). 4 MiB segments and 8 receives ahead were the
-best of segments 1–8 MiB × windows 2–8 measured.
+all-reduce's busbw; this one 1.03–1.32× (0.84× once in a shorter, 7-iteration sweep).
+4 MiB segments and 8 receives ahead were the best of segments 1–8 MiB × windows 2–8 measured.
 """
 
 from __future__ import annotations
