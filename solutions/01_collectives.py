@@ -279,6 +279,10 @@ def ring_in_segments(segment_bytes: int):
     return moved.bytes_sent, moved.messages_sent
 
 
+def steps_of_rank_0(trace):
+    return [s for s in trace.spans if s.rank == 0 and s.kind == "comm"]
+
+
 chunk_bytes = (4 << 20) // WORLD_SIZE
 for label, segment_bytes in (
     ("one segment per chunk", 4 << 20),
@@ -286,15 +290,17 @@ for label, segment_bytes in (
 ):
     streamed = cluster.run(ring_in_segments, segment_bytes)
     sent, messages = streamed[0]
-    print(f"{label:>22}: {sent:>8} B sent in {messages:>3} messages per rank")
-steps = [s for s in streamed.trace.spans if s.rank == 0 and s.kind == "comm"]
+    steps = steps_of_rank_0(streamed.trace)
+    overlapping = sum(b.start_ns < a.end_ns for a, b in itertools.pairwise(steps))
+    print(
+        f"{label:>22}: {sent:>8} B sent in {messages:>3} messages per rank; "
+        f"{overlapping} of {len(steps) - 1} steps started before the previous one ended"
+    )
 for s in steps:  # same-colour bars merge on the chart; the numbers show the overlap
     start, end = ((t - streamed.trace.origin_ns) / 1e6 for t in (s.start_ns, s.end_ns))
     print(
         f"rank 0, step {s.labels['step']} ({s.name.split()[-1]:>14}): {start:6.2f} → {end:6.2f} ms"
     )
-overlapping = sum(later.start_ns < earlier.end_ns for earlier, later in itertools.pairwise(steps))
-print(f"{overlapping} of {len(steps) - 1} steps started before the previous one ended")
 dtlab.viz.timeline(streamed.trace, title="Ring all-reduce, 8 segments per chunk: steps overlap")
 
 # %% [markdown]

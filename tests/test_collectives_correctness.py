@@ -10,6 +10,8 @@ algorithm here does, so it is bitwise too. Each world size runs its whole matrix
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -188,15 +190,22 @@ def test_the_pipelined_ring_matches_torch_with_many_segments_in_flight(cluster3)
 
 
 def test_the_pipelined_ring_draws_two_n_minus_one_steps_to_the_right_neighbour(cluster3):
-    def ring_in_segments():
+    """Ten segments per chunk: every step starts before the previous one ends (its first
+    segment leaves as soon as it is folded); one segment per chunk: none does."""
+
+    def ring_in_segments(segment_bytes: int):
         from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
 
-        pipelined_ring_all_reduce_(torch.ones(3 * 1000), "sum", C.peers_of(), segment_bytes=400)
+        x = torch.ones(3 * 1000)
+        pipelined_ring_all_reduce_(x, "sum", C.peers_of(), segment_bytes=segment_bytes)
 
-    trace = cluster3.run(ring_in_segments).trace
-    for rank in range(3):
-        steps = [s for s in trace.spans if s.rank == rank and s.kind == "comm"]
-        assert [s.labels["step"] for s in steps] == [0, 1, 2, 3]
-        assert [s.name.split()[-1] for s in steps] == ["reduce-scatter"] * 2 + ["all-gather"] * 2
-        assert sum(s.nbytes for s in steps) == 2 * 2 * 1000 * 4  # 2(N-1)/N · M
-    assert C.traffic_matrix(trace.spans, 3) == [[0, 16000, 0], [0, 0, 16000], [16000, 0, 0]]
+    for segment_bytes, overlaps in [(400, True), (4000, False)]:
+        trace = cluster3.run(ring_in_segments, segment_bytes).trace
+        for rank in range(3):
+            steps = [s for s in trace.spans if s.rank == rank and s.kind == "comm"]
+            assert [s.labels["step"] for s in steps] == [0, 1, 2, 3]
+            phases = [s.name.split()[-1] for s in steps]
+            assert phases == ["reduce-scatter"] * 2 + ["all-gather"] * 2
+            assert sum(s.nbytes for s in steps) == 2 * 2 * 1000 * 4  # 2(N-1)/N · M
+            assert [b.start_ns < a.end_ns for a, b in itertools.pairwise(steps)] == [overlaps] * 3
+        assert C.traffic_matrix(trace.spans, 3) == [[0, 16000, 0], [0, 0, 16000], [16000, 0, 0]]
