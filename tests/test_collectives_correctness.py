@@ -127,6 +127,14 @@ def _gather_scatter_subgroup_and_out_of_place() -> dict:
     strided = torch.ones(4, 4).t()  # non-contiguous input: worked on a copy, copied back
     C.all_reduce(strided, algorithm="ring")
     out["non_contiguous"] = strided.flatten().tolist()
+    gathered = torch.full((n, n), -1.0)  # a reused output, as all_gather_into_tensor takes
+    returned = C.all_gather(torch.full((n,), float(rank)), out=gathered)
+    out["gathered_into_out"] = returned.data_ptr() == gathered.data_ptr()
+    out["gathered"] = gathered.flatten().tolist()
+    try:
+        C.all_gather(torch.ones(2), out=torch.empty(3))
+    except ValueError as error:
+        out["wrong_out"] = str(error)
     return out
 
 
@@ -141,6 +149,9 @@ def test_gather_scatter_subgroups_and_out_of_place(cluster4):
     want = [4 * v + 6 for v in range(6)]
     assert all(r["out_of_place_result"] == want for r in results)
     assert all(r["non_contiguous"] == [4.0] * 16 for r in results)
+    assert all(r["gathered_into_out"] for r in results)
+    assert all(r["gathered"] == [float(r_) for r_ in range(4) for _ in range(4)] for r in results)
+    assert "of 8 elements (the sum of sizes)" in results[0]["wrong_out"]
 
 
 def test_a_rank_outside_the_group_gets_a_clear_error(cluster2):

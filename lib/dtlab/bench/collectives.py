@@ -86,7 +86,7 @@ def _calls_for(op: str, algorithms: Sequence[str], nbytes: int, n: int, dev) -> 
         "broadcast": ((x,), {}),
         "reduce": ((x,), {}),
         "reduce_scatter": ((x,), {}),
-        "all_gather": ((shard,), {}),
+        "all_gather": ((shard,), {"out": out}),
         "all_to_all": ((x,), {"out": out}),
     }
     args, kwargs = arguments[op]

@@ -102,11 +102,15 @@ def all_gather(
     algorithm: str = "ring",
     group: Group = None,
     sizes: Sequence[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Every rank's ``chunk`` (flattened), concatenated in rank order, as a new 1-D tensor.
+    """Every rank's ``chunk`` (flattened), concatenated in rank order, as a 1-D tensor.
 
     Chunks may differ in length across ranks: pass every rank's element count as ``sizes``
     (the same list on every rank). Without ``sizes`` every chunk is assumed as long as this one.
+    The result is a new tensor, or ``out`` (contiguous, ``sum(sizes)`` elements, the chunk's
+    dtype) when given — as ``all_gather_into_tensor`` reuses its output, sparing a fresh buffer's
+    page faults on every call.
     """
     if algorithm not in ALL_GATHERS:
         raise ValueError(
@@ -121,7 +125,15 @@ def all_gather(
         )
     starts = [sum(sizes[:i]) for i in range(peers.size)]
     bounds = [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-    out = chunk.new_empty(sum(sizes))
+    if out is None:
+        out = chunk.new_empty(sum(sizes))
+    elif not (out.is_contiguous() and out.numel() == sum(sizes) and out.dtype == chunk.dtype):
+        raise ValueError(
+            f"out must be a contiguous {chunk.dtype} tensor of {sum(sizes)} elements (the sum of "
+            f"sizes), got {out.dtype} {tuple(out.shape)}"
+        )
+    else:
+        out = out.view(-1)
     out[slice(*bounds[peers.rank])] = flat_view(chunk)[0]
     if peers.size > 1:
         ALL_GATHERS[algorithm](out, peers, bounds)
