@@ -11,6 +11,7 @@ allocator, so the figure never counts them as savings: add the bytes already hel
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,8 +40,12 @@ def peak_bytes_of(work: Callable[[], object], device: torch.device | str = "cpu"
         return WorkPeak(peak, torch.cuda.memory_allocated(device) - before, "cuda allocator")
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        work()
+    with warnings.catch_warnings():
+        # torch 2.11 warns on every profiler start that events do not accumulate across cycles;
+        # one cycle is all this reads.
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            work()
     deltas = sorted(
         (event.start_ns(), event.nbytes())
         for event in prof.profiler.kineto_results.events()
