@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from dtlab.cli.progress import add_progress_file_option
+
 if TYPE_CHECKING:
     from dtlab.quiz.drill import MockScore
 
@@ -244,13 +246,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="repeat a selection exactly")
     parser.add_argument("--learner", default=None, help="a name for a shared seat (stored hashed)")
-    parser.add_argument(
-        "--progress",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="progress file (default ~/.dtlab/progress.jsonl)",
-    )
+    add_progress_file_option(parser)
     parser.add_argument("--no-record", action="store_true", help="do not record the answers")
     parser.add_argument(
         "--bank", type=Path, default=None, metavar="DIR", help="quiz folder (default quizzes/)"

@@ -50,7 +50,8 @@ def run_progress(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     return 0
 
 
-def register(parser: argparse.ArgumentParser) -> None:
+def add_progress_file_option(parser: argparse.ArgumentParser) -> None:
+    """``--progress FILE``: the attempts log to read or append to (``dtlab drill`` shares it)."""
     parser.add_argument(
         "--progress",
         type=Path,
@@ -58,6 +59,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="progress file (default ~/.dtlab/progress.jsonl)",
     )
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_progress_file_option(parser)
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--learner", default=None, help="a name used for a shared seat")
     who.add_argument("--all", action="store_true", help="every learner in the file together")
