@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dtlab
-from dtlab.memory import model_state_bytes, zero_comm_bytes_per_rank
+from dtlab.memory import fsdp2_state_bytes, model_state_bytes, zero_comm_bytes_per_rank
 from dtlab.parallel import MixedPrecision, shard_by_zero_stage
 from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
 
@@ -37,7 +37,8 @@ def _held_and_sent(stage: int, recipe: str) -> dict:
                 frozen = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
                 held["parameters"] -= frozen
         opt.step()
-    psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # Counted on a fresh model: a ZeRO-3 model registers only this rank's shards.
+    psi = sum(p.numel() for p in TiedToyModel(seed=0).parameters() if p.requires_grad)
     return {"held": held, "sent": stats.bytes_sent, "psi": psi}
 
 
@@ -54,7 +55,11 @@ def test_zero_stage_bytes_held_and_sent_per_rank_match_formulas(world, request):
     per_rank = cluster.run(_all_cases)
     for (stage, recipe), measured in per_rank[0].items():
         psi = measured["psi"]
-        expected = model_state_bytes(psi, world, stage, recipe).by_category
+        if stage == 3:  # FSDP2's layout: fp32 shards are the masters (same 16Ψ/N in total)
+            expected = fsdp2_state_bytes(psi, world, recipe).by_category
+            assert sum(expected.values()) == model_state_bytes(psi, world, 3, recipe).total
+        else:
+            expected = model_state_bytes(psi, world, stage, recipe).by_category
         assert measured["held"] == expected, (stage, recipe, world)
         bytes_per_elem = 2 if recipe == "mixed_adam" else 4
         assert measured["sent"] == zero_comm_bytes_per_rank(psi, world, stage, bytes_per_elem)

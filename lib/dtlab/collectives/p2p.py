@@ -31,42 +31,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from dtlab import trace
-
-
-@dataclass
-class CommStats:
-    """Messages and bytes this rank sent and received through :meth:`Peers.exchange`."""
-
-    messages_sent: int = 0
-    bytes_sent: int = 0
-    messages_received: int = 0
-    bytes_received: int = 0
-
-    def reset(self) -> None:
-        """Zero every counter."""
-        self.messages_sent = self.bytes_sent = 0
-        self.messages_received = self.bytes_received = 0
-
-    def snapshot(self) -> CommStats:
-        """A frozen copy of the counters now."""
-        return replace(self)
-
-    def __sub__(self, earlier: CommStats) -> CommStats:
-        return CommStats(
-            self.messages_sent - earlier.messages_sent,
-            self.bytes_sent - earlier.bytes_sent,
-            self.messages_received - earlier.messages_received,
-            self.bytes_received - earlier.bytes_received,
-        )
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+from dtlab.collectives.stats import CommStats
 
 
 _process_stats = CommStats()

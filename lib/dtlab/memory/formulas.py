@@ -135,6 +135,29 @@ def model_state_bytes(
     )
 
 
+def fsdp2_state_bytes(
+    num_params: int, world_size: int, recipe: str | Recipe = "mixed_adam", master_bytes: int = 4
+) -> StateBytes:
+    """Per-rank bytes of ZeRO-3 as torch FSDP2 (and dtlab's FSDP) lay it out.
+
+    Same total as :func:`model_state_bytes` at stage 3, other categories: under mixed precision
+    the sharded parameters stay fp32 and *are* the master weights (``master_bytes``·Ψ/N), the
+    averaged gradient lands as an fp32 shard (``master_bytes``·Ψ/N), and the optimizer holds only
+    its moments (``optimizer_bytes − master_bytes``; 8 for Adam). The low-precision copies exist
+    only while a unit is gathered. Without mixed precision both layouts coincide.
+    """
+    _check_zero(world_size, 3)
+    r = resolve_recipe(recipe)
+    shard = shard_numel(num_params, world_size)
+    if r.param_bytes >= master_bytes:
+        return model_state_bytes(num_params, world_size, 3, r)
+    return StateBytes(
+        params=shard * master_bytes,
+        grads=shard * master_bytes,
+        optimizer=shard * (r.optimizer_bytes - master_bytes),
+    )
+
+
 def zero_comm_bytes_per_rank(
     num_params: int, world_size: int, stage: int, bytes_per_elem: int = 2
 ) -> int:

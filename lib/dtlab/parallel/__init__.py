@@ -4,23 +4,28 @@ Data parallel (lab 02): :class:`NaiveDDP` → :class:`OverlappedDDP` → :class:
 small diff on the last; :mod:`~dtlab.parallel.straggler` and :mod:`~dtlab.parallel.async_sgd`
 show what synchronisation costs and buys.
 
-ZeRO and FSDP (lab 03): :class:`ZeroOptimizer` (stages 1 and 2, wraps any torch optimizer),
-:class:`FullyShardedDataParallel` (stage 3), with :class:`MixedPrecision`, CPU offload,
+ZeRO and FSDP (lab 03): :class:`ZeroOptimizer` (stages 1 and 2, a ``torch.optim.Optimizer`` that
+wraps any torch optimizer), :class:`FullyShardedDataParallel` (stage 3, drops into a plain torch
+training loop), with :class:`MixedPrecision` (per unit: :func:`norms_in_fp32`), CPU offload,
 global-norm clipping and :func:`gather_full_parameters`.
+
+Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
+counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
 from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
-from dtlab.parallel.ddp_common import CommStats, DataParallelBase, ring_bytes_sent
+from dtlab.parallel.ddp_common import CommStats, DataParallelBase
 from dtlab.parallel.ddp_naive import NaiveDDP
 from dtlab.parallel.ddp_overlap import OverlappedDDP
+from dtlab.parallel.dp_comm import DataParallelComm, ring_bytes_sent
 from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.parallel.mixed_precision import MixedPrecision, norms_in_fp32
 from dtlab.parallel.offload import offload_device
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
-from dtlab.parallel.zero3 import FullyShardedDataParallel, ShardedParameterOptimizer
+from dtlab.parallel.zero3 import FullyShardedDataParallel
 from dtlab.parallel.zero_optimizer import ZeroOptimizer
 
 __all__ = [
@@ -28,17 +33,18 @@ __all__ = [
     "BucketedDDP",
     "CommStats",
     "DataParallelBase",
+    "DataParallelComm",
     "FullyShardedDataParallel",
     "MixedPrecision",
     "NaiveDDP",
     "OverlappedDDP",
-    "ShardedParameterOptimizer",
     "Straggler",
     "ZeroOptimizer",
     "ZeroStageSetup",
     "assign_buckets",
     "clip_sharded_grad_norm_",
     "gather_full_parameters",
+    "norms_in_fp32",
     "offload_device",
     "ring_bytes_sent",
     "run_async_sgd",

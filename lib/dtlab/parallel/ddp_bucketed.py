@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective, all_reduce
+from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective
 
 MB = 1024 * 1024
 
@@ -70,8 +70,9 @@ class BucketedDDP(DataParallelBase):
         find_unused_parameters: bool = False,
         bucket_cap_mb: float = 25.0,
         first_bucket_mb: float | None = 1.0,
+        collectives: str = "torch",
     ) -> None:
-        super().__init__(module, process_group, find_unused_parameters)
+        super().__init__(module, process_group, find_unused_parameters, collectives)
         self.buckets: list[Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}
         for b, group in enumerate(assign_buckets(self.params, bucket_cap_mb, first_bucket_mb)):
@@ -106,10 +107,8 @@ class BucketedDDP(DataParallelBase):
         while self._next_to_launch < len(self.buckets) and self._missing[self._next_to_launch] == 0:
             b = self._next_to_launch
             self._pending.append(
-                all_reduce(
+                self.comm.all_reduce(
                     self.buckets[b].buffer,
-                    self.comm_stats,
-                    self.process_group,
                     name=f"bucket[{b}]",
                     async_op=True,
                 )  # fmt: skip

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase, all_reduce
+from dtlab.parallel.ddp_common import DataParallelBase
 
 
 class NaiveDDP(DataParallelBase):
     """All-reduce every gradient after backward (see module docstring)."""
 
-    def __init__(self, module: nn.Module, process_group=None, find_unused_parameters=False):
-        super().__init__(module, process_group, find_unused_parameters)
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group=None,
+        find_unused_parameters: bool = False,
+        collectives: str = "torch",
+    ) -> None:
+        super().__init__(module, process_group, find_unused_parameters, collectives)
         for p in self.params:
             # No communication here: the hook only arranges for the reduction to run at the end.
             p.register_post_accumulate_grad_hook(lambda _p: self._queue_finish_if_syncing())
@@ -31,5 +37,5 @@ class NaiveDDP(DataParallelBase):
     def _complete_reduction(self) -> None:
         self._zero_fill_missing()
         for i, p in enumerate(self.params):
-            all_reduce(p.grad, self.comm_stats, self.process_group, name=f"grad[{i}]")
+            self.comm.all_reduce(p.grad, name=f"grad[{i}]")
             p.grad.div_(self.world_size)

@@ -17,14 +17,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective, all_reduce
+from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective
 
 
 class OverlappedDDP(DataParallelBase):
     """Per-parameter async all-reduce from gradient hooks (see module docstring)."""
 
-    def __init__(self, module: nn.Module, process_group=None, find_unused_parameters=False):
-        super().__init__(module, process_group, find_unused_parameters)
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group=None,
+        find_unused_parameters: bool = False,
+        collectives: str = "torch",
+    ) -> None:
+        super().__init__(module, process_group, find_unused_parameters, collectives)
         self.launch_order = list(reversed(self.params))
         self._index = {id(p): i for i, p in enumerate(self.launch_order)}
         self._prepare_for_backward()
@@ -47,10 +53,8 @@ class OverlappedDDP(DataParallelBase):
         while self._next_to_launch < len(self.launch_order) and self._ready[self._next_to_launch]:
             p = self.launch_order[self._next_to_launch]
             self._pending.append(
-                all_reduce(
+                self.comm.all_reduce(
                     p.grad,
-                    self.comm_stats,
-                    self.process_group,
                     name=f"grad[{self._next_to_launch}]",
                     async_op=True,
                 )  # fmt: skip

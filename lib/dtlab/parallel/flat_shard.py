@@ -61,6 +61,22 @@ class FlatSegment:
         for p, view in zip(self.params, self.views(flat), strict=True):
             p.data = view
 
+    def reduce_scatter_gradients(
+        self, comm, dtype: torch.dtype, device: torch.device, name: str, async_op: bool = False
+    ) -> tuple[object, torch.Tensor]:
+        """Flatten the parameters' ``.grad`` (``None`` = zeros), reduce-scatter the sum so this rank
+        receives chunk r in a new ``shard``, and free the full gradients.
+
+        Returns ``(pending, shard)``: ``pending.wait()`` (when not ``None``) before reading
+        ``shard``; it still holds the *sum* over ranks. Shared by ZeRO-2 and ZeRO-3.
+        """
+        full = self.flatten([p.grad for p in self.params], dtype, device)
+        shard = torch.empty(self.shard_numel, dtype=dtype, device=device)
+        pending = comm.reduce_scatter(shard, full, name=name, async_op=async_op)
+        for p in self.params:
+            p.grad = None
+        return pending, shard
+
     def free_params(self) -> None:
         """Drop the full parameters, keeping the Parameter objects (autograd holds them)."""
         for p in self.params:

@@ -8,35 +8,46 @@ only part of the answer. The true global norm is
 
 so each rank computes its partial sum of squares in fp32, one scalar all-reduce adds them, and
 every rank scales its shard by the same ``min(1, max_norm / (||g|| + 1e-6))`` — exactly what
-one process clipping the full gradient would do.
+one process clipping the full gradient would do. Gradients that are *replicated* (whole and equal
+on every rank, e.g. FSDP's unsharded norms) are added once, after the all-reduce, so no element is
+counted N times. The partial sum lives on the gradients' device: NCCL reduces GPU tensors only.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from collections.abc import Sequence
 
-from dtlab.parallel.ddp_common import CommStats, all_reduce
+import torch
+
+from dtlab.parallel.dp_comm import DataParallelComm
+
+
+def _sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    total = torch.zeros(1, dtype=torch.float32, device=device)
+    for g in tensors:
+        total += g.detach().float().pow(2).sum()
+    return total
 
 
 def clip_sharded_grad_norm_(
-    grad_shards: list[torch.Tensor | None],
+    grad_shards: Sequence[torch.Tensor | None],
     max_norm: float,
-    process_group: dist.ProcessGroup | None = None,
-    stats: CommStats | None = None,
+    comm: DataParallelComm | None = None,
+    replicated: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
-    """Scale disjoint gradient shards so the *global* norm is at most ``max_norm``.
+    """Scale disjoint gradient shards (and replicated gradients) so the *global* norm is at most
+    ``max_norm``. ``comm`` carries the one-scalar all-reduce (default: the whole world).
 
     Returns the global norm before clipping (fp32 scalar, same on every rank).
     """
     shards = [g for g in grad_shards if g is not None]
-    partial = torch.zeros((), dtype=torch.float32)
-    for g in shards:
-        partial += g.detach().float().pow(2).sum().cpu()
-    total = partial.reshape(1)
-    all_reduce(total, stats, process_group, name="grad_norm")
+    everything = shards + list(replicated)
+    device = everything[0].device if everything else torch.device("cpu")
+    total = _sum_of_squares(shards, device)
+    (comm or DataParallelComm()).all_reduce(total, name="grad_norm")
+    total += _sum_of_squares(replicated, device)
     norm = total[0].sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for g in shards:
-        g.mul_(coefficient.to(g.device, g.dtype))
+    for g in everything:
+        g.mul_(coefficient.to(g.dtype))
     return norm

@@ -31,10 +31,23 @@ import torch
 
 @dataclass(frozen=True)
 class MixedPrecision:
-    """Which dtype computes and communicates, and which dtype the optimizer keeps."""
+    """Which dtype computes and communicates, and which dtype the optimizer keeps.
+
+    ZeRO-1/2 (:class:`~dtlab.parallel.ZeroOptimizer`) use ``param_dtype`` for the model and keep
+    ``master_dtype`` copies in the optimizer. FSDP (:class:`~dtlab.parallel.FullyShardedDataParallel`)
+    follows torch FSDP2's ``MixedPrecisionPolicy``: the sharded parameters keep their own dtype
+    (fp32: they *are* the masters, made from the original weights), each all-gather casts the shard
+    to ``param_dtype``, gradients are reduce-scattered in ``reduce_dtype`` (default: ``param_dtype``)
+    and land in the sharded parameter's dtype. ``cast_forward_inputs`` casts a unit's floating
+    inputs to ``param_dtype``; ``output_dtype`` casts its floating outputs (an fp32 norm inside a
+    bf16 block hands bf16 back to the block).
+    """
 
     param_dtype: torch.dtype = torch.bfloat16
     master_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
 
     def __post_init__(self) -> None:
         if not self.param_dtype.is_floating_point or not self.master_dtype.is_floating_point:
@@ -45,6 +58,24 @@ class MixedPrecision:
                 f"{self.param_dtype}; masters exist to be *more* precise (use torch.float32)"
             )
 
+    @property
+    def gradient_dtype(self) -> torch.dtype:
+        """The dtype gradients are reduced in."""
+        return self.reduce_dtype or self.param_dtype
+
 
 def compute_dtype(mixed_precision: MixedPrecision | None, fallback: torch.dtype) -> torch.dtype:
     return mixed_precision.param_dtype if mixed_precision is not None else fallback
+
+
+def norms_in_fp32(policy: MixedPrecision, norm_types: tuple[type, ...] = (torch.nn.LayerNorm,)):
+    """A per-module policy for FSDP: ``policy`` everywhere, but norms compute in fp32.
+
+    Normalisation layers divide by a variance computed from the activations; in bf16 that sum
+    loses digits, so recipes often keep them in fp32. Pass the result as ``mixed_precision=`` to
+    :class:`~dtlab.parallel.FullyShardedDataParallel` and list the norms among its units.
+    """
+    fp32 = MixedPrecision(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=policy.param_dtype
+    )
+    return lambda module: fp32 if isinstance(module, norm_types) else policy

@@ -7,10 +7,10 @@ rank copies its gradient shard device → host (2Ψ/N bytes in bf16), runs the o
 and copies the updated parameter shard host → device (2Ψ/N bytes). The device then holds only
 parameters and gradients.
 
-On a CPU-only cluster "device" and "host" are the same memory, so offloading changes nothing
-physical; the accounting (``held_bytes()["offloaded_optimizer_state"]``) still shows what would
-leave the accelerator, and on GPUs the same code moves it for real (pinned host memory so the
-copies can run asynchronously).
+On a GPU the host buffers are *pinned* (page-locked), which is what lets ``copy_(...,
+non_blocking=True)`` run as a DMA alongside other GPU work. On a CPU-only cluster the compute
+device *is* the host: offloading moves nothing and only adds the copies, and the held-bytes
+reports (``held_bytes()["by_device"]``) say so by listing every byte under ``cpu``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ def offload_device() -> torch.device:
     return torch.device("cpu")
 
 
-def to_host(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A host copy of ``t`` in ``dtype``; pinned when a GPU is present so copies can overlap."""
-    host = torch.empty(t.shape, dtype=dtype, device="cpu")
-    if torch.cuda.is_available():
-        host = host.pin_memory()
-    host.copy_(t)
-    return host
+def host_buffer(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An empty host tensor; pinned when a GPU is present so device copies can be asynchronous."""
+    host = torch.empty(shape, dtype=dtype, device="cpu")
+    return host.pin_memory() if torch.cuda.is_available() else host

@@ -1,34 +1,41 @@
-"""The optimizer half of ZeRO: step fp32 master *shards* with any torch optimizer class.
+"""The optimizer half of ZeRO-1/2: step fp32 master *shards* with any torch optimizer class.
 
-Shared by ZeRO-1/2 (:mod:`dtlab.parallel.zero_optimizer`) and ZeRO-3
-(:mod:`dtlab.parallel.zero3`). Subclasses decide how gradient shards arrive
-(``_reduce_gradients``) and how updated shards become parameters again (``_publish_parameters``);
-this class owns the rest of a step:
+Subclasses decide how gradient shards arrive (``_reduce_gradients``) and how updated shards become
+parameters again (``_publish_parameters``); this class owns the rest of a step:
 
 1. every segment's gradient shard (compute dtype) becomes the master's fp32 ``.grad``;
 2. the wrapped optimizer — ``optimizer_cls(param_groups, **kwargs)``, built over master shards
    only — steps, so its state (Adam's m and v) exists for 1/N of the elements on each rank;
 3. the subclass publishes the new values (ZeRO-1/2: all-gather the full parameters).
 
-With ``offload=True`` masters and optimizer state live in host memory (see
-:mod:`dtlab.parallel.offload`).
+It *is* a ``torch.optim.Optimizer``: ``param_groups`` and ``state`` are the wrapped optimizer's
+own objects, so an ``LRScheduler`` that edits ``lr`` reaches the inner step, and
+``state_dict``/``load_state_dict`` save and restore this rank's shard of the state (as torch's
+``ZeroRedundancyOptimizer`` does per rank before consolidation).
+
+With ``offload=True`` (ZeRO-Offload, Ren et al., USENIX ATC 2021) the fp32 masters and the
+optimizer state live in host memory: each step copies the gradient shard device → host and the
+updated shard host → device, traced as ``memcpy`` spans. On a GPU the host buffers are pinned
+and the copies are issued with ``non_blocking=True`` (the step synchronises once before the CPU
+optimizer reads them); on a CPU-only machine device and host are the same memory, so offloading
+adds copies and moves nothing — :meth:`held_bytes` reports each storage under the device that
+really holds it, which shows exactly that.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from dtlab import trace
-from dtlab.parallel.ddp_common import CommStats
-from dtlab.parallel.flat_shard import FlatSegment, state_tensor_bytes
+from dtlab.parallel.dp_comm import DataParallelComm, nbytes
+from dtlab.parallel.flat_shard import FlatSegment
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.mixed_precision import MixedPrecision
-from dtlab.parallel.offload import to_host
+from dtlab.parallel.offload import host_buffer
 
 
-class MasterShardOptimizer:
+class MasterShardOptimizer(torch.optim.Optimizer):
     """Base class: fp32 master shards + inner optimizer; subclasses move gradients/parameters."""
 
     def __init__(
@@ -37,42 +44,46 @@ class MasterShardOptimizer:
         initial_shards: list[torch.Tensor],
         optimizer_cls: type[torch.optim.Optimizer],
         optimizer_kwargs: dict,
-        process_group: dist.ProcessGroup | None,
+        comm: DataParallelComm,
         mixed_precision: MixedPrecision | None,
         offload: bool,
     ) -> None:
-        self.process_group = process_group
-        self.mixed_precision = mixed_precision
-        self.offload = offload
-        self.comm_stats = CommStats()
+        self.comm, self.mixed_precision, self.offload = comm, mixed_precision, offload
         self.segments = [seg for _, segs in segments_by_group for seg in segs]
         master_dtype = mixed_precision.master_dtype if mixed_precision else None
         self.masters: list[nn.Parameter] = []
         self.masters_share_storage = not offload and mixed_precision is None
         for shard in initial_shards:
             if offload:
-                master = to_host(shard.detach(), master_dtype or shard.dtype)
+                master = host_buffer(shard.shape, master_dtype or shard.dtype)
+                master.copy_(shard.detach())  # from the original weights, at full precision
             elif master_dtype is not None:
                 master = shard.detach().to(master_dtype).clone()
             else:
                 master = shard.detach()  # same storage: the optimizer updates it in place
             self.masters.append(nn.Parameter(master))
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.segments)
+        self._host_grads: dict[int, torch.Tensor] = {}
         inner_groups, i = [], 0
         for options, segs in segments_by_group:
             group = {k: v for k, v in options.items() if k != "params"}
             inner_groups.append({**group, "params": self.masters[i : i + len(segs)]})
             i += len(segs)
         self.optimizer = optimizer_cls(inner_groups, **optimizer_kwargs)
+        super().__init__(self.masters, dict(self.optimizer.defaults))
+        self._share_inner_state()
 
-    @property
-    def param_groups(self) -> list[dict]:
-        """The inner optimizer's groups (an LR scheduler may edit ``lr`` here)."""
-        return self.optimizer.param_groups
+    def _share_inner_state(self) -> None:
+        self.param_groups = self.optimizer.param_groups
+        self.state = self.optimizer.state
 
-    @property
-    def state(self):
-        return self.optimizer.state
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state (masters are saved by the model's owner)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+        self._share_inner_state()
 
     def finish_gradient_synchronization(self) -> None:
         """Make sure every gradient shard holds this rank's chunk of the averaged gradient."""
@@ -81,9 +92,7 @@ class MasterShardOptimizer:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the true global norm over all ranks' shards (see :mod:`grad_clip`)."""
         self.finish_gradient_synchronization()
-        return clip_sharded_grad_norm_(
-            self.grad_shards, max_norm, self.process_group, self.comm_stats
-        )
+        return clip_sharded_grad_norm_(self.grad_shards, max_norm, self.comm)
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -92,11 +101,21 @@ class MasterShardOptimizer:
                 "sharded optimizers do not support closures (LBFGS-style re-evaluation)"
             )
         self.finish_gradient_synchronization()
-        for master, grad in zip(self.masters, self.grad_shards, strict=True):
+        copies = []
+        for i, (master, grad) in enumerate(zip(self.masters, self.grad_shards, strict=True)):
             if grad is None:
-                grad = torch.zeros_like(master)
-            # The fp32 gradient shard: a transient upcast (and host copy when offloading).
-            master.grad = grad.to(device=master.device, dtype=master.dtype)
+                grad = torch.zeros(master.shape, dtype=master.dtype, device=master.device)
+            if self.offload:
+                if i not in self._host_grads:  # one pinned buffer per shard, reused every step
+                    self._host_grads[i] = host_buffer(master.shape, master.dtype)
+                master.grad = self._host_grads[i]
+                with trace.span("offload:grad_to_host", kind="memcpy", nbytes=nbytes(grad)):
+                    master.grad.copy_(grad, non_blocking=master.grad.is_pinned())
+                copies.append(master.grad)
+            else:  # the fp32 gradient shard: a transient upcast
+                master.grad = grad.to(dtype=master.dtype)
+        if any(c.is_pinned() for c in copies):
+            torch.cuda.synchronize()  # the CPU optimizer reads the host copies next
         with trace.span("optimizer_step", kind="optimizer"):
             self.optimizer.step()
         for master in self.masters:
@@ -105,26 +124,49 @@ class MasterShardOptimizer:
         self._publish_parameters()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.grad_shards = [None] * len(self.segments)
+        """Drop (or zero) the gradient shards and every parameter's full gradient."""
+        if set_to_none:
+            self.grad_shards = [None] * len(self.segments)
+        else:
+            for g in self.grad_shards:
+                if g is not None:
+                    g.zero_()
         for seg in self.segments:
             for p in seg.params:
-                p.grad = None
+                if set_to_none or p.grad is None:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
 
-    def held_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds by category (the ZeRO accounting), measured from the tensors."""
-        masters = 0 if self.masters_share_storage else sum(_nbytes(m) for m in self.masters)
-        optimizer_state = masters + state_tensor_bytes(self.optimizer)
+    def held_bytes(self) -> dict:
+        """Bytes this rank holds by category, measured from the tensors, and ``by_device``: the
+        same bytes under the device that really holds each storage."""
+        by_device: dict[str, int] = {}
+
+        def count(tensors) -> int:
+            total = 0
+            for t in tensors:
+                by_device[str(t.device)] = by_device.get(str(t.device), 0) + nbytes(t)
+                total += nbytes(t)
+            return total
+
+        state = [
+            t for s in self.optimizer.state.values() for t in s.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        ]  # fmt: skip
+        masters = [] if self.masters_share_storage else list(self.masters)
+        optimizer_state = count(masters) + count(state)
         return {
-            "params": self._param_bytes(),
-            "grads": self._grad_bytes(),
-            "optimizer_state": 0 if self.offload else optimizer_state,
-            "offloaded_optimizer_state": optimizer_state if self.offload else 0,
+            "params": count(self._param_tensors()),
+            "grads": count(self._grad_tensors()),
+            "optimizer_state": optimizer_state,
+            "by_device": by_device,
         }
 
-    def _grad_bytes(self) -> int:
-        return sum(_nbytes(g) for g in self.grad_shards if g is not None)
+    def _grad_tensors(self) -> list[torch.Tensor]:
+        return [g for g in self.grad_shards if g is not None]
 
-    def _param_bytes(self) -> int:
+    def _param_tensors(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
     def _reduce_gradients(self) -> None:
@@ -132,7 +174,3 @@ class MasterShardOptimizer:
 
     def _publish_parameters(self) -> None:
         raise NotImplementedError
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()

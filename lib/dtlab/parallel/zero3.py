@@ -2,274 +2,227 @@
 
 Rajbhandari et al. (SC 2020) §5.3 and Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully
 Sharded Data Parallel" (VLDB 2023). The model is cut into *units* (typically one per transformer
-block, plus the *root* unit holding everything else: embeddings, final norm, head). Between uses a
-rank keeps only chunk r of each unit's flat segment (:mod:`flat_shard`). What moves where:
+block, plus the *root* unit holding everything else: embeddings, final norm, head); units may
+nest (a norm inside a block), and a parameter belongs to the innermost unit that contains it.
+Between uses a rank keeps only chunk r of each unit's flat segment (:mod:`fsdp_unit`). What moves
+where:
 
 * **forward** — before unit k runs, all-gather its parameters ((N-1)/N·Ψ_k·b bytes sent per
-  rank) into a flat buffer the parameters are views of, and launch the all-gather of unit k+1
-  asynchronously (*prefetch*) so it overlaps unit k's compute. After unit k, free the buffer
-  (its storage is resized to 0; the Parameter objects stay, autograd keeps pointing at them).
+  rank, ``b`` the compute dtype's size) and launch the all-gather of unit k+1 asynchronously
+  (*prefetch*) so it overlaps unit k's compute. After unit k, free the gathered buffer.
 * **backward** — when the gradient reaches unit k's outputs, all-gather it again (and prefetch
-  unit k-1); when every parameter of unit k has its gradient, *reduce-scatter* the gradients
-  ((N-1)/N·Ψ_k·b), keep chunk r averaged, free the full gradients and parameters.
+  the unit before it); when every parameter of unit k has its gradient, launch an asynchronous
+  *reduce-scatter* of the gradients ((N-1)/N·Ψ_k·b) and free the full gradients and parameters.
+  At the end of backward every reduce-scatter is waited for, averaged, and lands in the
+  registered (sharded) parameters' ``.grad``.
 
 Per step that is 3·(N-1)/N·Ψ·b = 1.5× the 2·(N-1)/N·Ψ·b of one DDP all-reduce, in exchange for
-holding (2 + 2 + 12)Ψ/N bytes instead of 16Ψ. Every unit, the root included, is re-gathered for
-backward, so the 1.5× holds exactly. Frozen parameters and buffers stay replicated.
+holding 16Ψ/N bytes instead of 16Ψ (mixed-precision Adam). Every unit, the root included, is
+re-gathered for backward, so the 1.5× holds exactly.
+
+It drops into an ordinary training loop, as torch's ``fully_shard`` does::
 
     fsdp = FullyShardedDataParallel(model, units=list(model.blocks))
-    opt = fsdp.build_optimizer(torch.optim.AdamW, lr=1e-3)
-    loss_fn(fsdp(x)).backward(); opt.step(); opt.zero_grad()
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)      # steps the shards in place
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+    loss_fn(fsdp(x), y).backward(); fsdp.clip_grad_norm_(1.0); opt.step(); sched.step()
+
+*Why register shards on the module*: a plain optimizer must update what the next forward uses.
+The module's registered parameters are therefore views of this rank's shard (FSDP1's
+``use_orig_params`` layout; FSDP2 registers DTensor shards for the same reason), and their
+``.grad`` after backward is this rank's slice of the averaged gradient (:meth:`full_gradients`
+gathers whole ones). Each unit has a state — idle, forward, or backward — so a unit re-run inside
+backward by ``torch.utils.checkpoint`` keeps its gathered parameters instead of freeing them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dtlab.parallel.ddp_common import (
-    CommStats,
-    PendingCollective,
-    all_gather,
-    broadcast_module_state,
-    nbytes,
-    queue_end_of_backward,
-    reduce_scatter,
-)
-from dtlab.parallel.flat_shard import FlatSegment
+from dtlab.collectives.stats import CommStats
+from dtlab.parallel.ddp_common import broadcast_module_state, queue_end_of_backward
+from dtlab.parallel.dp_comm import DataParallelComm
+from dtlab.parallel.fsdp_layout import assign_units, cast_inputs, tensors_in
+from dtlab.parallel.fsdp_unit import FSDPUnit
+from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.mixed_precision import MixedPrecision
-from dtlab.parallel.sharded_optimizer import MasterShardOptimizer
 
-
-class _Unit:
-    def __init__(self, index: int, module: nn.Module, params: list[nn.Parameter], rank, world):
-        self.index, self.module = index, module
-        self.seg = FlatSegment(params, rank, world)
-        self.flat: torch.Tensor | None = None  # full buffer; storage size 0 while sharded
-        self.shard: torch.Tensor | None = None  # this rank's chunk, compute dtype (persistent)
-        self.gathered = False
-        self.prefetch: PendingCollective | None = None
-        self.reduced = False
-        self.missing = len(params)
+Policy = MixedPrecision | Callable[[nn.Module], MixedPrecision | None] | None
 
 
 class FullyShardedDataParallel(nn.Module):
-    """Parameter-sharded data parallel over ``units`` (see module docstring)."""
+    """Parameter-sharded data parallel over ``units`` (see module docstring).
+
+    ``shard(name, param) -> bool`` picks which trainable parameters are sharded (default: all);
+    the rest are replicated and all-reduced. ``mixed_precision`` is one policy or a function
+    from a unit's module to its policy (see :func:`~dtlab.parallel.norms_in_fp32`).
+    """
 
     def __init__(
         self,
         module: nn.Module,
         units: list[nn.Module] | None = None,
         process_group: dist.ProcessGroup | None = None,
-        mixed_precision: MixedPrecision | None = None,
+        mixed_precision: Policy = None,
         prefetch: bool = True,
+        shard: Callable[[str, nn.Parameter], bool] | None = None,
+        collectives: str = "torch",
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError(
                 "FSDP needs a process group: run inside cluster.run(...) or torchrun"
             )
-        self.module, self.process_group = module, process_group
-        self.mixed_precision, self.prefetch = mixed_precision, prefetch
-        self.world_size = dist.get_world_size(process_group)
+        self.module, self.process_group, self.prefetch = module, process_group, prefetch
+        self.comm = DataParallelComm(process_group, collectives)
+        self.world_size = self.comm.world_size
+        broadcast_module_state(module, self.comm)
+        self.comm.stats.reset()
+        policy_of = mixed_precision if callable(mixed_precision) else lambda _m: mixed_precision
         rank = dist.get_rank(process_group)
-        self.comm_stats = CommStats()
-        broadcast_module_state(module, process_group, None)
-        if mixed_precision is not None:  # frozen weights and buffers compute in the same dtype
-            module.to(mixed_precision.param_dtype)
-        units = list(units) if units is not None else _default_units(module)
-        owner: dict[int, int] = {}
-        for k, unit in enumerate(units):
-            for p in unit.parameters():
-                if p.requires_grad and owner.setdefault(id(p), k) != k:
-                    raise ValueError(
-                        f"a parameter is shared by units {owner[id(p)]} and {k} (tied weights?); "
-                        "put both users in one unit or leave the weight to the root unit"
-                    )
-        unit_params: list[list[nn.Parameter]] = [[] for _ in units]
-        root_params = []
-        for p in module.parameters():
-            if p.requires_grad:
-                (unit_params[owner[id(p)]] if id(p) in owner else root_params).append(p)
-        self.units = [_Unit(0, module, root_params, rank, self.world_size)] + [
-            _Unit(k + 1, m, ps, rank, self.world_size)
-            for k, (m, ps) in enumerate(zip(units, unit_params, strict=True))
-        ]
-        self.units = [u for u in self.units if u.seg.params]
-        for k, unit in enumerate(self.units):
-            unit.index = k
-            self._shard(unit)
-            if unit.module is not module:
-                unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
-                unit.module.register_forward_hook(lambda m, a, o, u=unit: self._after_forward(u, o))
-            for p in unit.seg.params:
+        self.units: list[FSDPUnit] = []
+        for module_k, sharded, replicated in assign_units(module, units, shard or _shard_all):
+            unit = FSDPUnit(
+                len(self.units), module_k, sharded, replicated, policy_of(module_k), self.comm, rank
+            )
+            self.units.append(unit)
+            _cast_frozen_state(module_k, [u.module for u in self.units], unit.compute_dtype)
+            if module_k is not module:
+                module_k.register_forward_pre_hook(
+                    lambda m, args, u=unit: self._before_forward(u, args)
+                )
+                module_k.register_forward_hook(
+                    lambda m, a, out, u=unit: self._after_forward(u, out)
+                )
+            for p in unit.params + unit.replicated_compute:
                 p.register_post_accumulate_grad_hook(lambda p, u=unit: self._on_gradient(u))
-        self.grad_shards: list[torch.Tensor | None] = [None] * len(self.units)
-        self._backward_started = False
+        self._in_backward = False
 
-    # -- sharding and gathering ---------------------------------------------------------------
-    @torch.no_grad()
-    def _shard(self, unit: _Unit) -> None:
-        seg = unit.seg
-        dtype = self.mixed_precision.param_dtype if self.mixed_precision else seg.params[0].dtype
-        full = seg.flatten([p.detach() for p in seg.params], dtype, seg.params[0].device)
-        lo, hi = seg.my_range
-        unit.shard = full[lo:hi].clone()
-        unit.flat = full
-        seg.point_params_at(full)
-        self._free(unit)
+    @property
+    def comm_stats(self) -> CommStats:
+        """What this wrapper's collectives moved (``.counted`` says measured or convention)."""
+        return self.comm.stats
 
-    def _free(self, unit: _Unit) -> None:
-        unit.flat.untyped_storage().resize_(0)
-        unit.gathered = False
-
-    def _launch_gather(self, unit: _Unit, async_op: bool) -> PendingCollective | None:
-        unit.flat.untyped_storage().resize_(unit.seg.padded_numel * unit.flat.element_size())
-        unit.gathered = True
-        return all_gather(
-            unit.flat, unit.shard, self.comm_stats, self.process_group,
-            name=f"unit[{unit.index}].all_gather", async_op=async_op,
-        )  # fmt: skip
-
-    def _gather(self, unit: _Unit) -> None:
+    # -- gathering ------------------------------------------------------------------------------
+    def _gather(self, unit: FSDPUnit) -> None:
         if unit.prefetch is not None:
-            unit.prefetch.wait()
-            unit.prefetch = None
+            unit.wait_prefetch()
         elif not unit.gathered:
-            self._launch_gather(unit, async_op=False)
+            unit.launch_gather(async_op=False)
 
     def _prefetch(self, index: int) -> None:
         if self.prefetch and 0 <= index < len(self.units):
             unit = self.units[index]
             if not unit.gathered and not unit.reduced:
-                unit.prefetch = self._launch_gather(unit, async_op=True)
+                unit.prefetch = unit.launch_gather(async_op=True)
 
     # -- forward and backward hooks ------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        root = self.units[0]
         if torch.is_grad_enabled():
-            self._backward_started = False
+            self._in_backward = False
             for unit in self.units:
-                unit.reduced, unit.missing = False, len(unit.seg.params)
-        self._before_forward(root)
+                unit.start_backward()
+        args = self._before_forward(self.units[0], args)
         out = self.module(*args, **kwargs)
-        return self._after_forward(root, out)
+        return self._after_forward(self.units[0], out)
 
-    def _before_forward(self, unit: _Unit) -> None:
+    def _before_forward(self, unit: FSDPUnit, args: tuple) -> tuple:
         self._gather(unit)
-        self._prefetch(unit.index + 1)
+        unit.register(sharded=False)
+        if not self._in_backward:  # a checkpoint re-run inside backward prefetches nothing
+            self._prefetch(unit.index + 1)
+        return cast_inputs(args, unit.policy)
 
-    def _after_forward(self, unit: _Unit, output):
-        self._free(unit)
+    def _after_forward(self, unit: FSDPUnit, output):
+        unit.register(sharded=True)
+        if unit.policy is not None and unit.policy.output_dtype is not None:
+            output = cast_inputs(output, unit.policy, unit.policy.output_dtype)
+        if self._in_backward:  # recomputed by activation checkpointing: backward needs it
+            return output
+        unit.free()
         if torch.is_grad_enabled():
-            for t in _tensors_in(output):
+            for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=unit: self._before_backward(u, g))
         return output
 
-    def _before_backward(self, unit: _Unit, grad: torch.Tensor) -> torch.Tensor:
-        if not self._backward_started:
-            self._backward_started = True
+    def _before_backward(self, unit: FSDPUnit, grad: torch.Tensor) -> torch.Tensor:
+        if not self._in_backward:
+            self._in_backward = True
             queue_end_of_backward(self.finish_gradient_synchronization)
         if not unit.reduced:
             self._gather(unit)
             self._prefetch(len(self.units) - 1 if unit.index == 0 else unit.index - 1)
         return grad
 
-    def _on_gradient(self, unit: _Unit) -> None:
+    def _on_gradient(self, unit: FSDPUnit) -> None:
         unit.missing -= 1
         if unit.missing == 0:
-            self._reduce(unit)
-
-    @torch.no_grad()
-    def _reduce(self, unit: _Unit) -> None:
-        """Reduce-scatter the unit's gradients into this rank's (averaged) gradient shard."""
-        seg = unit.seg
-        full = seg.flatten([p.grad for p in seg.params], unit.shard.dtype, unit.shard.device)
-        shard = torch.empty_like(unit.shard)
-        reduce_scatter(
-            shard, full, self.comm_stats, self.process_group, name=f"unit[{unit.index}].grad_rs"
-        )
-        shard.div_(self.world_size)
-        previous = self.grad_shards[unit.index]
-        self.grad_shards[unit.index] = shard if previous is None else previous.add_(shard)
-        for p in seg.params:
-            p.grad = None
-        unit.reduced = True
-        self._free(unit)
+            unit.launch_reduction()
 
     def finish_gradient_synchronization(self) -> None:
-        """End of backward: reduce units whose parameters got no gradient (zeros), free all."""
-        if not self._backward_started:
+        """End of backward: reduce units whose parameters got no gradient (zeros), wait for
+        every reduction, and free everything gathered."""
+        if not self._in_backward:
             return
         for unit in self.units:
+            unit.wait_prefetch()  # a prefetch nobody used: finish it before freeing
             if not unit.reduced:
-                if not unit.gathered:
-                    self._gather(unit)
-                self._reduce(unit)
-            if unit.prefetch is not None:  # a prefetch nobody used: finish it before freeing
-                unit.prefetch.wait()
-                unit.prefetch = None
-            self._free(unit)
-        self._backward_started = False
+                self._gather(unit)
+                unit.launch_reduction()
+        for unit in self.units:
+            unit.finish_reduction()
+            unit.free()
+            unit.register(sharded=True)
+        self._in_backward = False
 
-    # -- optimizer and accounting --------------------------------------------------------------
-    def build_optimizer(
-        self, optimizer_cls: type[torch.optim.Optimizer], offload: bool = False, **kwargs
-    ) -> ShardedParameterOptimizer:
-        """An optimizer over this rank's parameter shards (fp32 masters under mixed precision)."""
-        return ShardedParameterOptimizer(self, optimizer_cls, offload, kwargs)
-
-    def held_parameter_bytes(self) -> int:
-        """Parameter bytes this rank holds now: shards plus any units currently gathered."""
-        gathered = sum(u.flat.untyped_storage().size() for u in self.units)
-        return sum(nbytes(u.shard) for u in self.units) + gathered
-
-
-class ShardedParameterOptimizer(MasterShardOptimizer):
-    """ZeRO-3's optimizer: steps masters of the unit shards; parameters gather on next use."""
-
-    def __init__(self, fsdp: FullyShardedDataParallel, optimizer_cls, offload, kwargs) -> None:
-        self.fsdp = fsdp
-        segments = [u.seg for u in fsdp.units]
-        super().__init__(
-            [({}, segments)], [u.shard for u in fsdp.units], optimizer_cls, kwargs,
-            fsdp.process_group, fsdp.mixed_precision, offload,
-        )  # fmt: skip
-        self.comm_stats = fsdp.comm_stats
-
-    @property
-    def grad_shards(self) -> list[torch.Tensor | None]:
-        return self.fsdp.grad_shards
-
-    @grad_shards.setter
-    def grad_shards(self, value: list[torch.Tensor | None]) -> None:
-        self.fsdp.grad_shards = value
-
-    def _reduce_gradients(self) -> None:
-        self.fsdp.finish_gradient_synchronization()
+    # -- gradients, clipping and accounting ----------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip every gradient by the *global* norm (shards summed over ranks, replicas once)."""
+        sharded = [p.grad for u in self.units for p in u.shard_params if p.grad is not None]
+        replicated = [p.grad for u in self.units for p in u.replicated if p.grad is not None]
+        return clip_sharded_grad_norm_(sharded, max_norm, self.comm, replicated=replicated)
 
     @torch.no_grad()
-    def _publish_parameters(self) -> None:
-        if not self.masters_share_storage:
-            for unit, master in zip(self.fsdp.units, self.masters, strict=True):
-                unit.shard.copy_(master)  # round fp32 masters into the compute-dtype shard
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's whole averaged gradient by name (all-gathered; for logging/tests)."""
+        from dtlab.parallel.full_state import gather_full_tensors
 
-    def _param_bytes(self) -> int:
-        return self.fsdp.held_parameter_bytes()
+        return gather_full_tensors(self, lambda p: p.grad)
+
+    def held_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+        """Bytes this rank holds now by category, measured from the tensors, and by device."""
+        from dtlab.parallel.full_state import held_by_category
+
+        return held_by_category(self, optimizer)
+
+    def held_parameter_bytes(self) -> int:
+        """Parameter bytes this rank holds now: shards, replicas and any gathered units."""
+        return sum(sum(u.held_bytes().values()) for u in self.units)
+
+    def build_optimizer(self, optimizer_cls: type[torch.optim.Optimizer], **kwargs):
+        """``optimizer_cls(self.parameters(), **kwargs)``: a plain optimizer steps the shards."""
+        return optimizer_cls(self.parameters(), **kwargs)
 
 
-def _default_units(module: nn.Module) -> list[nn.Module]:
-    """Every element of every ``nn.ModuleList`` (the transformer blocks of a typical model)."""
-    return [m for child in module.modules() if isinstance(child, nn.ModuleList) for m in child]
+def _shard_all(_name: str, _param: nn.Parameter) -> bool:
+    return True
 
 
-def _tensors_in(output) -> list[torch.Tensor]:
-    if torch.is_tensor(output):
-        return [output]
-    if isinstance(output, (list, tuple)):
-        return [t for o in output for t in _tensors_in(o)]
-    if isinstance(output, dict):
-        return [t for o in output.values() for t in _tensors_in(o)]
-    return []
+def _cast_frozen_state(module: nn.Module, unit_modules: list[nn.Module], dtype) -> None:
+    """Frozen parameters and buffers owned by this unit compute in its dtype too."""
+    inner = {id(m) for m in unit_modules if m is not module}
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        for name, p in list(m._parameters.items()):
+            if p is not None and not p.requires_grad and p.is_floating_point():
+                p.data = p.data.to(dtype)
+        for name, b in list(m._buffers.items()):
+            if b is not None and b.is_floating_point():
+                m._buffers[name] = b.to(dtype)
+        stack.extend(c for c in m.children() if id(c) not in inner)

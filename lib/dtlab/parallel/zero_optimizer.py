@@ -16,13 +16,21 @@ What moves where, per step, with Ψ elements of ``b`` bytes and N ranks:
   as all of its gradients exist, and the full gradients are freed right away, so a rank holds
   only its Ψ/N gradient shard (plus one segment in flight).
 
+Under ``mixed_precision`` pass the model in fp32: the masters are made from the original fp32
+weights, then the model's trained parameters become ``param_dtype`` views (cast frozen weights and
+buffers yourself afterwards, e.g. ``model.to(torch.bfloat16)``, which leaves the views alone).
+
 Use it without DDP (it does the gradient averaging itself)::
 
     opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3)
     loss.backward(); opt.step(); opt.zero_grad()
 
 Parameters are re-laid as views into one flat buffer per segment, so ``model.parameters()`` keep
-working (and a tied weight stays tied). Optimizer caveats: see :mod:`flat_shard`.
+working (and a tied weight stays tied). Gradients already accumulated in ``.grad`` when the
+optimizer is built are kept and reduced at the next step. After a stage-2 backward the model's
+``p.grad`` is ``None`` — freeing the full gradient is the point of stage 2 — and this rank's
+averaged chunk is in ``grad_shards`` (``optimizer.full_gradients()`` gathers whole ones).
+Optimizer caveats: see :mod:`flat_shard`.
 """
 
 from __future__ import annotations
@@ -33,12 +41,8 @@ from torch import nn
 
 from dtlab import trace
 from dtlab.parallel.ddp_bucketed import assign_buckets
-from dtlab.parallel.ddp_common import (
-    all_gather,
-    nbytes,
-    queue_end_of_backward,
-    reduce_scatter,
-)
+from dtlab.parallel.ddp_common import queue_end_of_backward
+from dtlab.parallel.dp_comm import DataParallelComm, nbytes
 from dtlab.parallel.flat_shard import FlatSegment, normalize_param_groups
 from dtlab.parallel.mixed_precision import MixedPrecision, compute_dtype
 from dtlab.parallel.sharded_optimizer import MasterShardOptimizer
@@ -57,6 +61,7 @@ class ZeroOptimizer(MasterShardOptimizer):
         mixed_precision: MixedPrecision | None = None,
         offload: bool = False,
         bucket_cap_mb: float = 25.0,
+        collectives: str = "torch",
         **optimizer_kwargs,
     ) -> None:
         if stage not in (1, 2):
@@ -70,27 +75,29 @@ class ZeroOptimizer(MasterShardOptimizer):
             )
         self.stage = stage
         rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
-        self.world_size = world
+        self.world_size, self.process_group = world, process_group
+        comm = DataParallelComm(process_group, collectives)
         segments_by_group, initial_shards, self.flats = [], [], []
-        src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         for group in normalize_param_groups(params, {}):
             segments = []
             for bucket in assign_buckets(group["params"], bucket_cap_mb):
                 seg = FlatSegment(bucket, rank, world)
-                dtype = compute_dtype(mixed_precision, bucket[0].dtype)
-                flat = seg.flatten([p.detach() for p in bucket], dtype, bucket[0].device)
-                with trace.span("broadcast_state", kind="comm", nbytes=nbytes(flat)):
-                    dist.broadcast(flat, src=src, group=process_group)  # replicas start equal
-                seg.point_params_at(flat)
+                original = seg.flatten(
+                    [p.detach() for p in bucket], bucket[0].dtype, bucket[0].device
+                )
+                comm.broadcast(original, name="broadcast_state")  # replicas start equal
                 lo, hi = seg.my_range
-                initial_shards.append(flat[lo:hi])
+                initial_shards.append(original[lo:hi])  # masters from the unrounded weights
+                flat = original.to(compute_dtype(mixed_precision, original.dtype))
+                seg.point_params_at(flat)
                 self.flats.append(flat)
                 segments.append(seg)
             segments_by_group.append((group, segments))
         super().__init__(
             segments_by_group, initial_shards, optimizer_cls, optimizer_kwargs,
-            process_group, mixed_precision, offload,
+            comm, mixed_precision, offload,
         )  # fmt: skip
+        comm.stats.reset()  # the stats describe training steps, not the start-up copy
         self._where = {id(p): i for i, seg in enumerate(self.segments) for p in seg.params}
         self._in_backward = False
         if stage == 2:
@@ -99,17 +106,19 @@ class ZeroOptimizer(MasterShardOptimizer):
                     p.register_post_accumulate_grad_hook(self._on_gradient_ready)
 
     # -- gradients ---------------------------------------------------------------------------
+    @property
+    def comm_stats(self):
+        """What this optimizer's collectives moved (``.counted`` says measured or convention)."""
+        return self.comm.stats
+
     def _reduce_segment(self, i: int) -> None:
         """Reduce-scatter segment i's gradients; keep chunk r (averaged); free the full grads."""
-        seg = self.segments[i]
-        full = seg.flatten([p.grad for p in seg.params], self.flats[i].dtype, self.flats[i].device)
-        shard = torch.empty(seg.shard_numel, dtype=full.dtype, device=full.device)
-        reduce_scatter(shard, full, self.comm_stats, self.process_group, name=f"grad_rs[{i}]")
+        _, shard = self.segments[i].reduce_scatter_gradients(
+            self.comm, self.flats[i].dtype, self.flats[i].device, name=f"grad_rs[{i}]"
+        )
         shard.div_(self.world_size)
         previous = self.grad_shards[i]
         self.grad_shards[i] = shard if previous is None else previous.add_(shard)
-        for p in seg.params:
-            p.grad = None
 
     def _on_gradient_ready(self, p: nn.Parameter) -> None:
         if not self._in_backward:
@@ -135,7 +144,8 @@ class ZeroOptimizer(MasterShardOptimizer):
     def _reduce_gradients(self) -> None:
         if self.stage == 2:
             self._flush_backward()
-        elif any(p.grad is not None for seg in self.segments for p in seg.params):
+        # Stage 1's gradients, and any a stage-2 model held before this optimizer existed.
+        if any(p.grad is not None for seg in self.segments for p in seg.params):
             for i in range(len(self.segments)):
                 self._reduce_segment(i)
 
@@ -144,14 +154,31 @@ class ZeroOptimizer(MasterShardOptimizer):
     def _publish_parameters(self) -> None:
         for i, master in enumerate(self.masters):
             flat = self.flats[i]
-            mine = master.detach().to(device=flat.device, dtype=flat.dtype).clone()
-            all_gather(flat, mine, self.comm_stats, self.process_group, name=f"param_ag[{i}]")
+            if self.offload:
+                with trace.span("offload:param_to_device", kind="memcpy", nbytes=nbytes(master)):
+                    mine = master.detach().to(flat.device, non_blocking=master.is_pinned())
+                mine = mine.to(flat.dtype)
+            else:
+                mine = master.detach().to(device=flat.device, dtype=flat.dtype).clone()
+            self.comm.all_gather(flat, mine, name=f"param_ag[{i}]")
 
-    def _param_bytes(self) -> int:
-        return sum(nbytes(f) for f in self.flats)
+    @torch.no_grad()
+    def full_gradients(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The averaged gradient of every trained parameter of ``module``, whole, by name."""
+        self.finish_gradient_synchronization()
+        values = {}
+        for seg, shard in zip(self.segments, self.grad_shards, strict=True):
+            mine = shard if shard is not None else torch.zeros(seg.shard_numel)
+            full = torch.empty(seg.padded_numel, dtype=mine.dtype, device=mine.device)
+            self.comm.all_gather(full, mine, name="gather_full_grads")
+            values.update(
+                {id(p): v.clone() for p, v in zip(seg.params, seg.views(full), strict=True)}
+            )
+        return {n: values[id(p)] for n, p in module.named_parameters() if id(p) in values}
 
-    def _grad_bytes(self) -> int:
-        full = sum(
-            nbytes(p.grad) for seg in self.segments for p in seg.params if p.grad is not None
-        )
-        return super()._grad_bytes() + full
+    def _param_tensors(self) -> list[torch.Tensor]:
+        return list(self.flats)
+
+    def _grad_tensors(self) -> list[torch.Tensor]:
+        full = [p.grad for seg in self.segments for p in seg.params if p.grad is not None]
+        return super()._grad_tensors() + full

@@ -116,6 +116,22 @@ def cuda_span(
         with span(name, kind, nbytes, **labels):
             yield
         return
+    start = cuda_mark(stream)
+    try:
+        yield
+    finally:
+        record_cuda(name, kind, start, cuda_mark(stream), nbytes, **labels)
+
+
+def cuda_mark(stream=None):
+    """A timing event recorded now on ``stream`` (default: the current one), or ``None`` when
+    nobody is recording or the device is not a GPU. Two marks make a span: :func:`record_cuda`.
+
+    For work whose start and end are not one ``with`` block apart — an async collective launched
+    in a hook and waited for at the end of backward.
+    """
+    if not _recorder.active or not _wants_cuda_timing(stream):
+        return None
     import torch
 
     stream = stream if stream is not None else torch.cuda.current_stream()
@@ -125,15 +141,20 @@ def cuda_span(
         anchor = torch.cuda.Event(enable_timing=True)
         anchor.record(stream)
         _recorder.cuda_anchors[device_index] = (anchor, now_ns())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    try:
-        yield
-    finally:
-        end.record(stream)
-        _recorder.pending_cuda.append(
-            (device_index, start, end, name, kind, int(nbytes), dict(labels))
-        )
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return device_index, event
+
+
+def record_cuda(name: str, kind: str, start, end, nbytes: int = 0, **labels) -> None:
+    """A span between two :func:`cuda_mark` events, placed on the aligned clock at ``end_call``."""
+    _check_kind(kind)
+    if start is None or end is None:
+        return
+    (device_index, start_event), (_, end_event) = start, end
+    _recorder.pending_cuda.append(
+        (device_index, start_event, end_event, name, kind, int(nbytes), dict(labels))
+    )
 
 
 def _flush_cuda_spans() -> None:

@@ -1,0 +1,183 @@
+"""One FSDP unit: its sharded parameters, its gathered buffer, and the reductions of its gradients.
+
+A unit (Zhao et al., "PyTorch FSDP", VLDB 2023) is a module whose parameters are gathered and
+freed together. It holds two kinds of trainable parameter:
+
+* **sharded** — laid end to end in one :class:`~dtlab.parallel.flat_shard.FlatSegment`. Rank r
+  keeps chunk r of it (``shard``, in the parameters' own dtype, fp32 in practice: these are the
+  master weights). What the module registers between steps is one ``nn.Parameter`` per original
+  parameter, a 1-D *view* of the part of ``shard`` that falls in that parameter (possibly empty),
+  so a plain ``torch.optim.AdamW(model.parameters())`` updates exactly the values the next
+  all-gather sends — the layout of FSDP1's ``use_orig_params=True``. Before the unit runs, the
+  shards are cast to the compute dtype and all-gathered into ``flat``, the original Parameter
+  objects become views of it and are registered in their modules in place of the shards.
+* **replicated** — kept whole on every rank (chosen with ``shard=``, e.g. small norms and
+  biases). They are registered as themselves; under a lower compute dtype a cast copy computes
+  and its gradient is all-reduced and averaged, exactly like DDP.
+
+After backward, every registered parameter's ``.grad`` is its part of the averaged gradient
+(sharded: the slice of the reduce-scattered shard; replicated: the all-reduced tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dtlab.parallel.dp_comm import DataParallelComm, PendingCollective, nbytes
+from dtlab.parallel.flat_shard import FlatSegment
+from dtlab.parallel.mixed_precision import MixedPrecision
+
+Slot = tuple[nn.Module, str]
+
+
+class FSDPUnit:
+    """A unit's parameters in their three forms: sharded (at rest), gathered, and replicated."""
+
+    def __init__(
+        self,
+        index: int,
+        module: nn.Module,
+        sharded: list[tuple[nn.Parameter, list[Slot]]],
+        replicated: list[tuple[nn.Parameter, list[Slot]]],
+        policy: MixedPrecision | None,
+        comm: DataParallelComm,
+        rank: int,
+    ) -> None:
+        self.index, self.module, self.policy, self.comm = index, module, policy, comm
+        self.params = [p for p, _ in sharded]  # the original Parameters: views of ``flat`` in use
+        self.slots = [slots for _, slots in sharded]
+        self.seg = FlatSegment(self.params, rank, comm.world_size)
+        first = (self.params or [p for p, _ in replicated] or [None])[0]
+        self.master_dtype = first.dtype if first is not None else torch.float32
+        self.compute_dtype = policy.param_dtype if policy is not None else self.master_dtype
+        self.reduce_dtype = policy.gradient_dtype if policy is not None else self.compute_dtype
+        self.gathered = False
+        self.reduced = False
+        self.prefetch: PendingCollective | None = None
+        self.pending: list[tuple[PendingCollective | None, torch.Tensor, str]] = []
+        self.flat = torch.empty(0)
+        self.shard = torch.empty(0)
+        self.replicated = [p for p, _ in replicated]
+        self.replicated_slots = [slots for _, slots in replicated]
+        self.replicated_compute = [
+            p if p.dtype == self.compute_dtype else nn.Parameter(p.detach().to(self.compute_dtype))
+            for p in self.replicated
+        ]
+        self.shard_params: list[nn.Parameter] = []
+        if self.params:
+            self._shard_parameters()
+        self.missing = 0
+
+    # -- sharded layout ---------------------------------------------------------------------
+    @torch.no_grad()
+    def _shard_parameters(self) -> None:
+        seg, device = self.seg, self.params[0].device
+        full = seg.flatten([p.detach() for p in self.params], self.master_dtype, device)
+        lo, hi = seg.my_range
+        self.shard = full[lo:hi].clone()
+        for off, n in zip(seg.offsets, seg.numels, strict=True):
+            start, stop = max(off, lo), min(off + n, hi)
+            view = self.shard[start - lo : max(start, stop) - lo]
+            self.shard_params.append(nn.Parameter(view))
+        self.flat = torch.empty(seg.padded_numel, dtype=self.compute_dtype, device=device)
+        seg.point_params_at(self.flat)
+        self.free()
+        self.register(sharded=True)
+
+    def register(self, sharded: bool) -> None:
+        """Put the shards (at rest) or the gathered parameters (in use) into the modules."""
+        for i, slots in enumerate(self.slots):
+            param = self.shard_params[i] if sharded else self.params[i]
+            for module, name in slots:
+                module._parameters[name] = param
+        for i, slots in enumerate(self.replicated_slots):
+            param = self.replicated[i] if sharded else self.replicated_compute[i]
+            for module, name in slots:
+                module._parameters[name] = param
+
+    def free(self) -> None:
+        """Drop the gathered parameters: the buffer's storage shrinks to zero bytes."""
+        self.flat.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def launch_gather(self, async_op: bool) -> PendingCollective | None:
+        """All-gather every rank's shard (cast to the compute dtype) into ``flat``."""
+        self.flat.untyped_storage().resize_(self.seg.padded_numel * self.flat.element_size())
+        self.gathered = True
+        with torch.no_grad():
+            for compute, master in zip(self.replicated_compute, self.replicated, strict=True):
+                if compute is not master:
+                    compute.copy_(master)
+        if not self.params:
+            return None
+        send = self.shard.detach().to(self.compute_dtype)
+        return self.comm.all_gather(
+            self.flat, send, name=f"unit[{self.index}].all_gather", async_op=async_op
+        )
+
+    # -- gradients ----------------------------------------------------------------------------
+    def start_backward(self) -> None:
+        self.reduced = False
+        self.missing = len(self.params) + len(self.replicated_compute)
+
+    @torch.no_grad()
+    def launch_reduction(self) -> None:
+        """Reduce-scatter the sharded gradients, all-reduce the replicated ones (asynchronously),
+        then free the full gradients and the gathered parameters."""
+        if self.params:
+            work, shard = self.seg.reduce_scatter_gradients(
+                self.comm, self.reduce_dtype, self.flat.device,
+                name=f"unit[{self.index}].grad_rs", async_op=True,
+            )  # fmt: skip
+            self.pending.append((work, shard, "sharded"))
+        if self.replicated_compute:
+            rep = FlatSegment(self.replicated_compute, 0, 1)
+            grads = [p.grad for p in self.replicated_compute]
+            flat = rep.flatten(grads, self.reduce_dtype, self.replicated[0].device)
+            work = self.comm.all_reduce(flat, name=f"unit[{self.index}].grad_ar", async_op=True)
+            self.pending.append((work, flat, "replicated"))
+            for p in self.replicated_compute:
+                p.grad = None
+        self.reduced = True
+        self.free()
+
+    @torch.no_grad()
+    def finish_reduction(self) -> None:
+        """Wait for the reductions, average, and add the results to the registered ``.grad``."""
+        for work, buffer, kind in self.pending:
+            if work is not None:
+                work.wait()
+            buffer = buffer.to(self.master_dtype).div_(self.comm.world_size)
+            if kind == "sharded":
+                lo = self.seg.my_range[0]
+                for sp, off in zip(self.shard_params, self.seg.offsets, strict=True):
+                    start = max(off, lo) - lo
+                    _accumulate(sp, buffer[start : start + sp.numel()])
+            else:
+                rep = FlatSegment(self.replicated, 0, 1)
+                for p, view in zip(self.replicated, rep.views(buffer), strict=True):
+                    _accumulate(p, view.to(p.dtype))
+        self.pending = []
+
+    def wait_prefetch(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.wait()
+            self.prefetch = None
+
+    def held_bytes(self) -> dict[str, int]:
+        """Parameter bytes this rank holds now: shards, replicas, and the gathered buffer."""
+        distinct = {id(p): p for p in self.replicated + self.replicated_compute}
+        return {
+            "sharded": nbytes(self.shard),
+            "replicated": sum(nbytes(p) for p in distinct.values()),
+            "gathered": self.flat.untyped_storage().size(),
+        }
+
+
+def _accumulate(param: nn.Parameter, grad: torch.Tensor) -> None:
+    """``param.grad += grad`` (a view when there was none: no copy for the common case)."""
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
