@@ -89,13 +89,16 @@ print(f"{WORLD_SIZE} ranks on {cluster.backend}; GPT with Ψ = {PSI:,} parameter
 def one_ddp_step_taken_apart(steps: int) -> dict:
     rank, world, device = dtlab.rank(), dtlab.world_size(), dtlab.device()
     model = GPT(CONFIG, seed=rank).to(device)  # deliberately different seeds per rank...
-    ddp = NaiveDDP(model)  # ...until the broadcast in the constructor makes them equal
+    # ...until the broadcast in the constructor makes them equal. collectives="dtlab" runs the
+    # all-reduces on our own send/recv rings, so every byte below is counted from real messages.
+    ddp = NaiveDDP(model, collectives="dtlab")
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = SyntheticTokens(CONFIG, n_batches=steps, batch_size=MICRO_BATCH * world, seed=0)
     first = model.blocks[0].mlp.fc_in.weight
     start_checksum = sum(p.double().sum().item() for p in model.parameters())
     x, y = (t.to(device) for t in shard_for_rank(data[0], rank, world))
-    loss_fn(model(x), y).backward()  # the bare model: no hooks fire, no communication
+    # The bare model: DDP's gradient hooks do fire, but no DDP forward armed them, so nothing moves.
+    loss_fn(model(x), y).backward()
     local_norm = first.grad.norm().item()
     model.zero_grad()
     for step in range(steps):
@@ -120,7 +123,7 @@ results = cluster.run(one_ddp_step_taken_apart, STEPS)
 for rank, r in enumerate(results):
     print(
         f"rank {rank}: start checksum {r['start_checksum']:.6f}  local |grad| {r['local_norm']:.5f}"
-        f"  synced |grad| {r['synced_norm']:.5f}  sent {r['sent']:,.0f} B"
+        f"  synced |grad| {r['synced_norm']:.5f}  sent {r['sent']:,.0f} B (counted)"
     )
 print(f"formula: 2(N-1)/N · Ψ · 4 B = {ring_bytes_sent('all_reduce', PSI * 4, WORLD_SIZE):,.0f} B")
 
@@ -193,6 +196,7 @@ def train_with(wrapper: str, steps: int, bucket_cap_mb: float = 25.0, straggler=
         "step_s": statistics.median(step_times[1:] or step_times),
         "calls_per_step": ddp.comm_stats.calls // steps,
         "sent_per_step": ddp.comm_stats.bytes_sent / steps,
+        "bytes_source": ddp.comm_stats.source,
         "buckets": len(getattr(ddp, "buckets", [])),
     }
 
@@ -222,6 +226,10 @@ for wrapper, run in runs.items():
         f"{exposed_seconds(run.trace) * 1e3 / STEPS:>11.1f}"
     )
 print(f"formula bytes/step for every wrapper: 2(N-1)/N · Ψ · 4 = {formula:,.0f}")
+print(
+    f"(bytes/step here: {runs['naive'][0]['bytes_source']} — these runs time the backend's own "
+    "collectives, which dtlab cannot count; section 1 counted the same bytes message by message)"
+)
 
 # %% [markdown]
 # The naive timeline: blue backward, *then* a comb of orange all-reduces, one per parameter, while
@@ -355,7 +363,7 @@ ACCUM = 4
 def accumulate(use_no_sync: bool, steps: int) -> dict:
     rank, world, device = dtlab.rank(), dtlab.world_size(), dtlab.device()
     model = GPT(CONFIG, seed=0).to(device)
-    ddp = BucketedDDP(model)
+    ddp = BucketedDDP(model, collectives="dtlab")  # bytes counted from real messages
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = SyntheticTokens(CONFIG, n_batches=steps * ACCUM, batch_size=MICRO_BATCH * world, seed=0)
     ddp.comm_stats.reset()
@@ -380,7 +388,8 @@ def accumulate(use_no_sync: bool, steps: int) -> dict:
 every, once = (cluster.run(accumulate, flag, 2)[0] for flag in (False, True))
 for label, r in (("sync every micro-batch", every), ("no_sync until the last", once)):
     print(
-        f"{label:<24} {r['sent_per_step']:>11,.0f} B/step in {r['calls_per_step']:.0f} collectives,"
+        f"{label:<24} {r['sent_per_step']:>11,.0f} B/step counted, in {r['calls_per_step']:.0f} "
+        "collectives,"
         f" {r['step_s'] * 1e3:6.1f} ms/step"
     )
 print(f"formula: k · 2(N-1)/N·Ψ·4 = {ACCUM * formula:,.0f}  vs  2(N-1)/N·Ψ·4 = {formula:,.0f}")

@@ -20,16 +20,25 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
-from dtlab.parallel.dp_comm import DataParallelComm, PendingCollective, nbytes, ring_bytes_sent
+from dtlab.parallel.dp_comm import (
+    DataParallelComm,
+    PendingCollective,
+    all_gather,
+    nbytes,
+    reduce_scatter,
+    ring_bytes_sent,
+)
 
 __all__ = [
     "CommStats",
     "DataParallelBase",
     "DataParallelComm",
     "PendingCollective",
+    "all_gather",
     "broadcast_module_state",
     "nbytes",
     "queue_end_of_backward",
+    "reduce_scatter",
     "ring_bytes_sent",
     "trainable_parameters",
 ]

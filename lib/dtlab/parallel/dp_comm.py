@@ -192,3 +192,16 @@ class DataParallelComm:
             lambda a: dist.broadcast(tensor, src=src, group=self.group, async_op=a),
             lambda: C.broadcast(tensor, 0, algorithm="chain", group=self.group),
         )  # fmt: skip
+
+
+def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group=None) -> None:
+    """Exercise helper: rank r receives the sum of chunk r of every rank's ``full`` in ``shard``.
+
+    Runs on dtlab's counted ring, so a grader can hold the bytes to (N-1)/N · bytes(full).
+    """
+    DataParallelComm(group, "dtlab").reduce_scatter(shard, full)
+
+
+def all_gather(full: torch.Tensor, shard: torch.Tensor, group=None) -> None:
+    """Exercise helper: every rank's ``shard`` concatenated into ``full`` (counted ring)."""
+    DataParallelComm(group, "dtlab").all_gather(full, shard)
