@@ -11,15 +11,16 @@ from dtlab.parallel import MixedPrecision, shard_by_zero_stage
 from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
 
 
-def _held_and_sent(stage: int, recipe: str) -> dict:
+def _held_and_sent(stage: int, recipe: str, collectives: str = "dtlab") -> dict:
     """Train one step (so Adam state exists), then measure step 2: held after backward, sent."""
     rank, world = dtlab.rank(), dtlab.world_size()
     mp = MixedPrecision() if recipe == "mixed_adam" else None
     model = TiedToyModel(seed=0)
     units = [model.up, model.down, model.branch]
     setup = shard_by_zero_stage(
-        model, stage, torch.optim.AdamW, mixed_precision=mp, units=units, lr=1e-2
-    )
+        model, stage, torch.optim.AdamW, mixed_precision=mp, units=units,
+        collectives=collectives, lr=1e-2,
+    )  # fmt: skip
     forward, opt, stats = setup.forward, setup.optimizer, setup.comm_stats
     held = None
     for step, (tokens, targets) in enumerate(toy_batches(2)):
@@ -39,13 +40,14 @@ def _held_and_sent(stage: int, recipe: str) -> dict:
         opt.step()
     # Counted on a fresh model: a ZeRO-3 model registers only this rank's shards.
     psi = sum(p.numel() for p in TiedToyModel(seed=0).parameters() if p.requires_grad)
-    return {"held": held, "sent": stats.bytes_sent, "psi": psi}
+    return {"held": held, "sent": stats.bytes_sent, "psi": psi, "counted": stats.counted}
 
 
 CASES = [(0, "fp32_adam")] + [(s, r) for s in (1, 2, 3) for r in ("fp32_adam", "mixed_adam")]
 
 
 def _all_cases():
+    """Every stage on dtlab's rings: the bytes are counted from the messages really sent."""
     return {case: _held_and_sent(*case) for case in CASES}
 
 
@@ -54,6 +56,7 @@ def test_zero_stage_bytes_held_and_sent_per_rank_match_formulas(world, request):
     cluster = request.getfixturevalue(f"cluster{world}")
     per_rank = cluster.run(_all_cases)
     for (stage, recipe), measured in per_rank[0].items():
+        assert measured["counted"], "accounting must use the counted path"
         psi = measured["psi"]
         if stage == 3:  # FSDP2's layout: fp32 shards are the masters (same 16Ψ/N in total)
             expected = fsdp2_state_bytes(psi, world, recipe).by_category
@@ -78,3 +81,17 @@ def test_shard_by_zero_stage_says_which_stages_exist_and_where_mixed_precision_g
         shard_by_zero_stage(
             TiedToyModel(seed=0), 0, torch.optim.SGD, mixed_precision=MixedPrecision(), lr=0.1
         )
+
+
+def _torch_path_is_labelled_a_convention() -> dict:
+    out = {}
+    for collectives in ("torch", "dtlab"):
+        measured = _held_and_sent(2, "fp32_adam", collectives)
+        out[collectives] = (measured["counted"], measured["sent"])
+    return out
+
+
+def test_torch_collectives_report_ring_convention_and_dtlab_collectives_report_counts(cluster2):
+    for r in cluster2.run(_torch_path_is_labelled_a_convention):
+        assert r["torch"][0] is False and r["dtlab"][0] is True
+        assert r["torch"][1] == r["dtlab"][1]  # the convention agrees with the count here

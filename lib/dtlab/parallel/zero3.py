@@ -219,7 +219,7 @@ def _cast_frozen_state(module: nn.Module, unit_modules: list[nn.Module], dtype) 
     stack = [module]
     while stack:
         m = stack.pop()
-        for name, p in list(m._parameters.items()):
+        for p in list(m._parameters.values()):
             if p is not None and not p.requires_grad and p.is_floating_point():
                 p.data = p.data.to(dtype)
         for name, b in list(m._buffers.items()):
