@@ -71,7 +71,7 @@ def _features() -> dict:
             )
             opt = forward.build_optimizer(torch.optim.SGD, lr=0.1, momentum=0.9)
         seen = []  # the weight dtype the layer computes with, read inside its forward
-        model.up.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
+        model.up.register_forward_pre_hook(lambda m, a, seen=seen: seen.append(m.weight.dtype))
         norms = []
         for tokens, targets in batches:
             opt.zero_grad()
