@@ -27,7 +27,7 @@ import torch
 import dtlab
 import dtlab.viz
 from dtlab import trace
-from dtlab.config import fast_mode
+from dtlab.config import fast_mode, lab_world_size
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import (
     BucketedDDP,
@@ -59,7 +59,7 @@ FAST = fast_mode()
 # (about 3.5 M) on every GPU. `Ψ` below is the parameter count, `N` the number of ranks.
 
 # %%
-WORLD_SIZE = 2 if FAST else max(2, torch.cuda.device_count())
+WORLD_SIZE = lab_world_size(2)
 CONFIG = GPTConfig.tiny() if FAST else GPTConfig.small()
 MICRO_BATCH = 16 if FAST else 32  # rows per rank per forward
 STEPS = 4 if FAST else 10
@@ -533,8 +533,8 @@ def async_sgd_loss(lr: float) -> tuple[float, float]:
 
 
 def rank0_on_cpu_ranks(n: int, fn, *args):
-    """Rank 0's result of ``fn`` on ``n`` gloo CPU ranks (the server sends CPU tensors)."""
-    if n == WORLD_SIZE and cluster.backend == "gloo":
+    """Rank 0's result of ``fn`` on ``n`` CPU ranks (the parameter server exchanges CPU tensors)."""
+    if n == WORLD_SIZE and cluster.device_type == "cpu":
         return cluster.run(fn, *args)[0]
     with dtlab.Cluster(n, device="cpu") as ranks:
         return ranks.run(fn, *args)[0]

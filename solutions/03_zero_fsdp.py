@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 import dtlab
 import dtlab.viz
 from dtlab import trace
-from dtlab.config import fast_mode
+from dtlab.config import accelerator_count, fast_mode
 from dtlab.memory import (
     RECIPES,
     fsdp2_state_bytes,
@@ -132,7 +132,7 @@ def measure_all_stages(mixed: bool = False) -> list[dict]:
 
 two_ranks = dtlab.Cluster(2)
 measured = {2: two_ranks.run(measure_all_stages)}
-FOUR_RANK_DEVICE = "auto" if torch.cuda.device_count() >= 4 else "cpu"
+FOUR_RANK_DEVICE = "auto" if accelerator_count() >= 4 else "cpu"
 with dtlab.Cluster(4, device=FOUR_RANK_DEVICE) as four_ranks:
     measured[4] = four_ranks.run(measure_all_stages)
     measured_mixed = four_ranks.run(measure_all_stages, True)

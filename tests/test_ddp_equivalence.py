@@ -24,10 +24,10 @@ def _variants():
     from torch.nn.parallel import DistributedDataParallel
 
     return {
-        "naive": lambda m: NaiveDDP(m, find_unused_parameters=True),
-        "overlapped": lambda m: OverlappedDDP(m, find_unused_parameters=True),
-        "bucketed": lambda m: BucketedDDP(
-            m, find_unused_parameters=True, bucket_cap_mb=0.001, first_bucket_mb=0.0005
+        "naive": lambda m, **kw: NaiveDDP(m, find_unused_parameters=True, **kw),
+        "overlapped": lambda m, **kw: OverlappedDDP(m, find_unused_parameters=True, **kw),
+        "bucketed": lambda m, **kw: BucketedDDP(
+            m, find_unused_parameters=True, bucket_cap_mb=0.001, first_bucket_mb=0.0005, **kw
         ),
         "torch_ddp": lambda m: DistributedDataParallel(m, find_unused_parameters=True),
     }
@@ -83,7 +83,7 @@ def _accumulate_with_no_sync_and_count_bytes() -> dict:
     out = {}
     for name, wrap in list(_variants().items())[:3]:
         model = TiedToyModel(seed=0)
-        ddp = wrap(model)
+        ddp = wrap(model, collectives="dtlab")  # our rings: the bytes below are counted
         ddp.find_unused_parameters = False
         ddp.comm_stats.reset()
         local_x, local_y = rank_slice(tokens, rank, world), rank_slice(targets, rank, world)
@@ -96,19 +96,21 @@ def _accumulate_with_no_sync_and_count_bytes() -> dict:
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         out[f"{name}.max_grad_diff"] = max_abs_difference(grads, expected)
         out[f"{name}.bytes_sent"] = ddp.comm_stats.bytes_sent
+        out[f"{name}.counted"] = ddp.comm_stats.counted
         out[f"{name}.calls"] = ddp.comm_stats.calls
         out[f"{name}.grad_numel"] = sum(p.numel() for p in ddp.params)
         out[f"{name}.buckets"] = len(getattr(ddp, "buckets", ()))
     return out
 
 
-def test_no_sync_accumulates_locally_and_bytes_match_ring_formula(cluster4):
+def test_no_sync_accumulates_locally_and_counted_bytes_match_ring_formula(cluster4):
     world = 4
     for r in cluster4.run(_accumulate_with_no_sync_and_count_bytes):
         for name in ("naive", "overlapped", "bucketed"):
             assert r[f"{name}.calls_after_no_sync"] == 0
             assert r[f"{name}.max_grad_diff"] < 1e-6, (name, r)
             fp32_grad_bytes = 4 * r[f"{name}.grad_numel"]
+            assert r[f"{name}.counted"]
             assert r[f"{name}.bytes_sent"] == 2 * (world - 1) / world * fp32_grad_bytes
         params = r["naive.grad_numel"] and r["naive.calls"]
         assert r["overlapped.calls"] == params  # one collective per parameter

@@ -35,3 +35,22 @@ def lab_mode() -> str:
 def fast_mode() -> bool:
     """True when labs should run at their seconds-small size."""
     return lab_mode() == "fast"
+
+
+def accelerator_count() -> int:
+    """How many GPUs this process can see (0 without a GPU build or a GPU)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def lab_world_size(fast: int) -> int:
+    """Ranks a lab starts: ``fast`` in fast mode, else one per GPU (at least ``fast``).
+
+    Labs call this instead of asking the GPU runtime themselves, so a lab cell stays the same
+    on every machine (DESIGN: a cell names a device only where it teaches the difference).
+    """
+    return fast if fast_mode() else max(fast, accelerator_count())
