@@ -178,7 +178,19 @@ def _bf16_with_fp32_norms() -> dict:
     theirs = _fsdp2(GPT(CONFIG, seed=0), torch_policy)
     _plain_loop(theirs, theirs.parameters(), batches)
     ours_full = gather_full_parameters(ours)
+
+    # The same bf16 recipe with biases and norms replicated (all-reduced in bf16) instead of
+    # sharded (reduce-scattered in bf16): on two ranks each element is the same two-term sum.
+    sharded = FullyShardedDataParallel(GPT(CONFIG, seed=0), mixed_precision=policy)
+    _plain_loop(sharded, sharded.parameters(), batches)
+    replicated = FullyShardedDataParallel(
+        GPT(CONFIG, seed=0), mixed_precision=policy, shard=lambda name, p: p.dim() > 1
+    )
+    _plain_loop(replicated, replicated.parameters(), batches)
     return {
+        "replicated_vs_sharded": max_abs_difference(
+            gather_full_parameters(replicated), gather_full_parameters(sharded)
+        ),
         "ours_vs_fsdp2": max_abs_difference(ours_full, _full_fsdp2(theirs)),
         "master_dtype": next(iter(ours_full.values())).dtype,
         "seen": seen,
@@ -188,6 +200,7 @@ def _bf16_with_fp32_norms() -> dict:
 def test_bf16_blocks_with_fp32_norms_match_fsdp2_mixed_precision_policy(cluster2):
     for r in cluster2.run(_bf16_with_fp32_norms):
         assert r["ours_vs_fsdp2"] < BF16_PARITY_TOLERANCE, r["ours_vs_fsdp2"]
+        assert r["replicated_vs_sharded"] < 1e-6, r["replicated_vs_sharded"]
         assert r["master_dtype"] == torch.float32
         assert r["seen"]["norm"] == (torch.float32, torch.float32)  # input cast to fp32 too
         assert r["seen"]["linear"] == torch.bfloat16

@@ -64,6 +64,7 @@ class FSDPUnit:
             p if p.dtype == self.compute_dtype else nn.Parameter(p.detach().to(self.compute_dtype))
             for p in self.replicated
         ]
+        self._copied_version = [p._version for p in self.replicated]
         self.shard_params: list[nn.Parameter] = []
         if self.params:
             self._shard_parameters()
@@ -105,10 +106,14 @@ class FSDPUnit:
         """All-gather every rank's shard (cast to the compute dtype) into ``flat``."""
         self.flat.untyped_storage().resize_(self.seg.padded_numel * self.flat.element_size())
         self.gathered = True
-        with torch.no_grad():
-            for compute, master in zip(self.replicated_compute, self.replicated, strict=True):
-                if compute is not master:
+        with torch.no_grad():  # refresh a replica's compute copy only after the optimizer ran:
+            # copying again in backward would bump the version autograd saved for it
+            for i, (compute, master) in enumerate(
+                zip(self.replicated_compute, self.replicated, strict=True)
+            ):
+                if compute is not master and self._copied_version[i] != master._version:
                     compute.copy_(master)
+                    self._copied_version[i] = master._version
         if not self.params:
             return None
         send = self.shard.detach().to(self.compute_dtype)
