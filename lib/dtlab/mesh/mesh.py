@@ -1,0 +1,110 @@
+"""The device mesh on a running rank: one process group per dimension, and this rank's place.
+
+Built on torch's ``DeviceMesh`` (``init_device_mesh``) rather than beside it, for two reasons: its
+groups *are* the ones DTensor, FSDP2 (``fully_shard(mesh=...)``) and ``parallelize_module`` use,
+so every parity test against PyTorch runs on the same ranks as ours; and torch creates the
+groups in one agreed order on every rank, which is what keeps collectives from deadlocking.
+What this class adds is the teaching surface: sentence-like names (``mesh.tp_group``,
+``mesh.is_first_pp_stage``), plain rank lists for :mod:`dtlab.collectives` (which needs no
+``new_group``), the expert-parallel groups carved out of ``dp`` (not a ``DeviceMesh``
+dimension), and a layout checked by :class:`~dtlab.mesh.layout.Layout` before anything starts.
+
+    mesh = Mesh(dp=2, tp=2)                 # inside cluster.run(...) on 4 ranks
+    mesh.tp_ranks, mesh.tp_rank             # e.g. [2, 3], 1
+    dist.all_reduce(x, group=mesh.tp_group)
+    C.all_reduce(x, group=mesh.tp_ranks)    # the same ranks, on dtlab's counted rings
+
+For every dimension ``d`` in ``pp, dp, cp, tp, ep, edp`` a mesh has ``d_group`` (the process
+group), ``d_ranks`` (its global ranks, in coordinate order), ``d_rank`` (this rank's index in
+it) and ``d_size``; ``edp`` is the expert-data-parallel group (see :mod:`~dtlab.mesh.layout`).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from dtlab.mesh.layout import ORDER, Layout
+
+DIMS = (*ORDER, "ep", "edp")
+
+
+class _Along:
+    """``mesh.<dim>_<what>``: one descriptor per (dimension, attribute) pair."""
+
+    def __init__(self, dim: str, what: str) -> None:
+        self.dim, self.what = dim, what
+
+    def __get__(self, mesh, owner=None):
+        if mesh is None:
+            return self
+        return mesh._along(self.dim, self.what)
+
+
+class Mesh:
+    """A :class:`Layout` made real on this rank (every rank must build it, in the same order)."""
+
+    def __init__(self, layout: Layout | None = None, *, device_type: str | None = None, **degrees):
+        if not dist.is_initialized():
+            raise RuntimeError("a Mesh needs ranks: build it inside cluster.run(...) or torchrun")
+        self.layout = layout if layout is not None else Layout(**degrees)
+        self.layout.check(dist.get_world_size())
+        self.rank = dist.get_rank()
+        self.coordinates = self.layout.coordinates(self.rank)
+        if device_type is None:
+            from dtlab.runtime.context import device
+
+            device_type = device().type
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.device_mesh = init_device_mesh(device_type, self.layout.shape, mesh_dim_names=ORDER)
+        self._groups = {name: self.device_mesh.get_group(name) for name in ORDER}
+        self._ranks = {dim: self.layout.group_of(dim, self.rank) for dim in DIMS}
+        if self.layout.ep > 1:  # every rank enumerates every group, in the same order
+            for dim in ("ep", "edp"):
+                self._groups[dim], _ = dist.new_subgroups_by_enumeration(self.layout.groups(dim))
+        else:  # one expert per rank group: EP is trivial, expert data parallel is plain dp
+            self._groups["ep"], _ = dist.new_subgroups_by_enumeration(self.layout.groups("ep"))
+            self._groups["edp"] = self._groups["dp"]
+
+    def _along(self, dim: str, what: str):
+        if what == "group":
+            return self._groups[dim]
+        if what == "ranks":
+            return list(self._ranks[dim])
+        if what == "size":
+            return len(self._ranks[dim])
+        return self.coordinates[dim]  # "rank": this rank's index within the group
+
+    def __repr__(self) -> str:
+        degrees = ", ".join(
+            f"{n}={getattr(self.layout, n)}" for n in ("dp", "tp", "pp", "cp", "ep")
+        )
+        return f"Mesh({degrees}; rank {self.rank} at {self.coordinates})"
+
+    # -- pipeline neighbours -------------------------------------------------------------------
+    @property
+    def is_first_pp_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_pp_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def pp_next_rank(self) -> int | None:
+        """Global rank of the next pipeline stage (``None`` on the last)."""
+        return None if self.is_last_pp_stage else self.pp_ranks[self.pp_rank + 1]
+
+    @property
+    def pp_prev_rank(self) -> int | None:
+        """Global rank of the previous pipeline stage (``None`` on the first)."""
+        return None if self.is_first_pp_stage else self.pp_ranks[self.pp_rank - 1]
+
+    @property
+    def is_first_tp_rank(self) -> bool:
+        return self.tp_rank == 0
+
+
+for _dim in DIMS:
+    for _what in ("group", "ranks", "rank", "size"):
+        setattr(Mesh, f"{_dim}_{_what}", _Along(_dim, _what))

@@ -1,0 +1,63 @@
+"""The mesh: layouts checked before start, and groups that match torch's ``init_device_mesh``."""
+
+from __future__ import annotations
+
+import pytest
+
+import dtlab
+from dtlab.mesh import Layout, Mesh, layouts_of
+
+
+def test_every_layout_of_eight_ranks_partitions_the_ranks_along_every_dimension():
+    layouts = layouts_of(8)
+    assert len(layouts) == 35  # 20 ways to factor 8 over (pp, dp, cp, tp), ep dividing dp
+    for layout in layouts:
+        for dim in ("pp", "dp", "cp", "tp", "ep", "edp"):
+            groups = layout.groups(dim)
+            assert sorted(r for g in groups for r in g) == list(range(8)), (layout, dim)
+            size = layout.dp // layout.ep if dim == "edp" else getattr(layout, dim)
+            assert {len(g) for g in groups} == {size}
+        for rank in range(8):
+            assert layout.rank_at(**layout.coordinates(rank)) == rank
+
+
+def test_tp_is_innermost_and_pp_outermost():
+    layout = Layout(pp=2, dp=2, tp=2)
+    assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]  # consecutive: one node
+    assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize(
+    ("layout", "world", "message"),
+    [
+        (dict(dp=2, tp=3), 8, "uses 6 ranks, not 8; the degrees must multiply to 8"),
+        (dict(dp=2, tp=2), 8, "with these tp, pp and cp, dp=4 fills 8 ranks"),
+        (dict(dp=3, ep=2), 6, r"ep=2 does not divide dp=3.*choose ep from \[1, 3\]"),
+        (dict(dp=0), 1, "every degree is a whole number"),
+    ],
+)
+def test_impossible_layouts_are_refused_before_any_process_starts(layout, world, message):
+    with pytest.raises(ValueError, match=message):
+        Layout(**layout).check(world)
+
+
+def _meshes_side_by_side_with_torch(layouts: list[Layout]) -> list[str]:
+    import torch.distributed as dist
+
+    mismatches = []
+    for layout in layouts:
+        mesh = Mesh(layout)
+        for dim in ("pp", "dp", "cp", "tp", "ep", "edp"):
+            torch_ranks = dist.get_process_group_ranks(getattr(mesh, f"{dim}_group"))
+            ours = getattr(mesh, f"{dim}_ranks")
+            if torch_ranks != ours or ours[getattr(mesh, f"{dim}_rank")] != dist.get_rank():
+                mismatches.append(f"{layout} {dim}: torch {torch_ranks}, ours {ours}")
+        if mesh.is_first_pp_stage != (mesh.pp_prev_rank is None):
+            mismatches.append(f"{layout}: pipeline neighbours")
+    return mismatches
+
+
+def test_mesh_groups_match_torch_init_device_mesh_for_every_layout_of_eight_ranks():
+    with dtlab.Cluster(8, device="cpu", timeout=240) as cluster:
+        for mismatches in cluster.run(_meshes_side_by_side_with_torch, layouts_of(8)):
+            assert mismatches == []
