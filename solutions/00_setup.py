@@ -9,8 +9,9 @@
 # 2. the **memory chart** — what each rank holds, beside the formula that predicts it;
 # 3. **graded checks** — an exercise run on the ranks, and quiz questions.
 #
-# On a laptop or in CI the lab runs in *fast* mode (2 gloo ranks on the CPU, a tiny model,
-# seconds). On a GPU box it runs in *full* mode (one NCCL rank per GPU). The code is the same.
+# On a laptop or in CI the lab runs in *fast* mode (2 ranks on the CPU, a tiny model, seconds).
+# On a GPU box it runs in *full* mode (one rank per GPU). The code is the same; section 2 shows
+# what changes underneath.
 
 # %%
 import time
@@ -33,12 +34,13 @@ FAST = fast_mode()
 # %% [markdown]
 # ## 1. Your environment
 #
-# The same checks as `dtlab doctor` in a terminal. Look for `ok` on every line; a `WARN` is
-# something optional (say, no GPU), a `FAIL` comes with the command that fixes it. The last line
-# shows the **lab mode**: `fast` here unless you are on a machine with two or more GPUs.
+# The same checks as `dtlab doctor` in a terminal, including its 2-rank self-test (a few
+# seconds). Look for `ok` on every line; a `WARN` is something optional (say, no GPU), a `FAIL`
+# comes with the command that fixes it. The last line shows the **lab mode**: `fast` here unless
+# you are on a machine with two or more GPUs.
 
 # %%
-print(format_report(environment_report(gloo=False)))
+print(format_report(environment_report()))
 
 # %% [markdown]
 # ## 2. Start a cluster

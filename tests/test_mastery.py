@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
 
+import dtlab.files
 from dtlab.cli import main
 from dtlab.quiz.bank import Bank
 from dtlab.quiz.mastery import item_mastery, mastery_by_topic, mastery_chart, mastery_table
@@ -139,3 +141,27 @@ def test_progress_command_prints_my_table_and_writes_the_chart(tmp_path: Path, m
     assert chart.read_text().count("<html") == 1
     assert main(["progress", "--progress", str(progress), "--bank", str(bank_dir), "--all"]) == 0
     assert "(2 attempts)" in capsys.readouterr().out
+
+
+def test_a_chart_write_that_fails_half_way_leaves_the_old_chart_whole(
+    tmp_path: Path, monkeypatch, capsys
+):
+    chart = tmp_path / "mastery.html"
+    chart.write_text("<html>the old chart</html>")
+    progress = tmp_path / "progress.jsonl"
+    args = ["progress", "--progress", str(progress), "--all", "--chart", str(chart)]
+
+    def disk_full_half_way(fd, data):
+        os.write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dtlab.files, "write_all", disk_full_half_way)
+    assert main(args) == 1
+    assert "cannot write the chart" in capsys.readouterr().out
+    assert chart.read_text() == "<html>the old chart</html>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mastery.html"]
+    monkeypatch.undo()
+    with chart.open() as reader_of_the_old_chart:
+        assert main(args) == 0
+        assert reader_of_the_old_chart.read() == "<html>the old chart</html>"
+    assert chart.read_text().count("<html") == 1

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
+import os
 import re
+import stat
 
 import pytest
 
 from dtlab.quiz import attempt, learner_id, read_progress, record_attempt
-from dtlab.quiz.progress import RECORD_FIELDS
+from dtlab.quiz.progress import RECORD_FIELDS, append_record, install_salt
 
 WRITERS, RECORDS_EACH = 4, 50
 
@@ -83,7 +86,7 @@ def test_record_has_the_documented_fields_and_never_the_raw_name(tmp_path):
 
 def test_learner_ids_are_pseudonymous_and_stable(tmp_path):
     assert learner_id("Ada Lovelace") == learner_id("Ada Lovelace")
-    assert learner_id("Ada Lovelace").startswith("h-") and "Ada" not in learner_id("Ada Lovelace")
+    assert learner_id("Ada Lovelace").startswith("s-") and "Ada" not in learner_id("Ada Lovelace")
     id_file = tmp_path / "learner_id"
     first = learner_id(id_file=id_file)
     assert first.startswith("r-") and learner_id(id_file=id_file) == first
@@ -113,3 +116,66 @@ def test_attempt_grades_and_records_with_the_bank_version(tmp_path):
     from dtlab.quiz import load_bank
 
     assert record["bank_version"] == load_bank().version
+
+
+def test_named_ids_are_salted_per_install_and_stable_on_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "laptop"))
+    first = learner_id("Ada Lovelace")
+    assert first == learner_id("Ada Lovelace") and first.startswith("s-")
+    unsalted = hashlib.sha256(b"Ada Lovelace").hexdigest()[:16]
+    assert unsalted not in first  # hashing a guessed name no longer finds the learner
+    salt_file = tmp_path / "laptop" / ".dtlab" / "salt"
+    assert stat.S_IMODE(salt_file.stat().st_mode) == 0o600
+    monkeypatch.setenv("HOME", str(tmp_path / "other_laptop"))
+    assert learner_id("Ada Lovelace") != first
+
+
+def test_a_damaged_salt_is_an_error_that_says_to_delete_it(tmp_path):
+    salt_file = tmp_path / "salt"
+    salt_file.write_text("not hex\n")
+    with pytest.raises(ValueError, match="delete it"):
+        install_salt(salt_file)
+
+
+def _salt_after_barrier(home: str, barrier, results) -> None:
+    os.environ["HOME"] = home
+    barrier.wait()
+    results.put(install_salt().hex())
+
+
+def test_racing_processes_create_one_salt_and_agree(tmp_path):
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    barrier, results = context.Barrier(WRITERS), context.Queue()
+    racers = [
+        context.Process(target=_salt_after_barrier, args=(str(tmp_path), barrier, results))
+        for _ in range(WRITERS)
+    ]
+    for p in racers:
+        p.start()
+    salts = {results.get(timeout=60) for _ in racers}
+    for p in racers:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(salts) == 1
+    assert (tmp_path / ".dtlab" / "salt").read_text().strip() == salts.pop()
+    assert [p.name for p in (tmp_path / ".dtlab").iterdir()] == ["salt"]  # no temp file left
+
+
+def test_a_short_write_still_appends_the_whole_record(tmp_path, monkeypatch):
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    path = tmp_path / "progress.jsonl"
+    append_record({"ts": "t", "learner": "r-1", "item": "demo.a", "topic": "demo",
+                   "correct": True, "score": 1.0, "bank_version": "v" * 100}, path)  # fmt: skip
+    monkeypatch.undo()
+    (record,) = read_progress(path).records
+    assert record["bank_version"] == "v" * 100
+
+
+def test_a_recorded_answer_is_fsynced_before_the_call_returns(tmp_path, monkeypatch):
+    learner_id("ada")  # the salt exists already: the only fsync left is the record's
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_size))
+    _write(tmp_path / "progress.jsonl")
+    assert synced == [(tmp_path / "progress.jsonl").stat().st_size]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+import dtlab.files
 from dtlab.workshop.build import (
     BUILD_COMMAND,
     build,
@@ -199,6 +202,36 @@ def test_check_lists_missing_stale_and_orphaned_notebooks_until_rebuilt(tmp_path
     assert any(p.startswith("labs/98_gone.ipynb has no source") for p in problems)
 
 
+def crash_half_way(fd: int, data: bytes) -> None:
+    """Stands in for :func:`dtlab.files.write_all`: a kill or a full disk mid-write."""
+    os.write(fd, bytes(data[: len(data) // 2]))
+    raise KeyboardInterrupt
+
+
+def test_build_replaces_notebooks_whole_and_an_interrupted_build_leaves_them_intact(
+    tmp_path: Path, monkeypatch
+):
+    source = write_lab(tmp_path)
+    build(tmp_path)
+    notebook = tmp_path / "labs" / "99_demo.ipynb"
+    old = notebook.read_bytes()
+    source.write_text(LAB.replace("Prose before", "New prose before"), encoding="utf-8")
+    with notebook.open("rb") as reader_of_the_old_notebook:
+        build(tmp_path)
+        assert reader_of_the_old_notebook.read() == old  # a new file, not the old one rewritten
+    new = notebook.read_bytes()
+    assert b"New prose" in new
+
+    source.write_text(LAB.replace("Prose before", "Third prose before"), encoding="utf-8")
+    monkeypatch.setattr(dtlab.files, "write_all", crash_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path)
+    assert notebook.read_bytes() == new
+    nbformat.validate(nbformat.reads(new.decode(), as_version=4))
+    assert sorted(os.listdir(tmp_path / "labs")) == ["99_demo.ipynb"]  # no temp file left
+    assert sorted(os.listdir(tmp_path / "solutions")) == ["99_demo.ipynb", "99_demo.py"]
+
+
 def test_an_exercise_cell_with_a_statement_is_a_build_error(tmp_path: Path):
     broken = LAB.replace("class Helper:", "cluster = dtlab.Cluster(2)\n\n\nclass Helper:")
     write_lab(tmp_path, text=broken)
@@ -229,3 +262,24 @@ def test_committed_notebooks_match_their_sources():
 def test_every_lab_source_parses_and_its_first_cell_is_prose(source: Path):
     lab = read_lab_source(source)
     assert lab.cells[0].cell_type == "markdown", "open a lab with a title and what it teaches"
+
+
+# DESIGN: a lab cell never says "gloo" or "cuda" unless it is teaching the difference. Lab 00's
+# section 2 (a rank per GPU talking NCCL, or ranks on the CPU talking gloo) is where it is taught.
+BACKEND_WORDS = re.compile(r"\b(gloo|cuda)\b", re.IGNORECASE)
+TEACHES_THE_BACKENDS = {("00_setup", "## 2. Start a cluster")}
+AUDITED_LABS = ("00_setup", "02_data_parallel", "03_zero_fsdp", "12_capstone")  # add each lab here once its text is audited (#11)
+
+
+@pytest.mark.parametrize("name", AUDITED_LABS)
+def test_lab_cells_say_the_backend_not_gloo_or_cuda_outside_the_section_teaching_it(name: str):
+    lab = read_lab_source(REPO / "solutions" / f"{name}.py")
+    section = ""
+    for cell in lab.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("## "):
+            section = cell.source.splitlines()[0]
+        found = BACKEND_WORDS.search(cell.source)
+        assert not found or (name, section) in TEACHES_THE_BACKENDS, (
+            f"solutions/{name}.py:{cell.line} says {found[0]!r}; write 'the backend' or "
+            "'the device', or teach the difference in a section listed in TEACHES_THE_BACKENDS"
+        )

@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+import dtlab.files
 from dtlab.quiz.bank import Bank
+from dtlab.quiz.progress import record_attempt
 from dtlab.quiz.schema import Choice, Item
 from dtlab.workshop.scores import (
     CSV_COLUMNS,
+    FORMULA_TRIGGERS,
     aggregate_scores,
     format_leaderboard,
     register_scores,
@@ -138,3 +142,62 @@ def test_a_folder_without_progress_records_exits_1_with_a_message(tmp_path, caps
     args = parser.parse_args([str(tmp_path)])
     assert args.run(args) == 1
     assert "No progress records found" in capsys.readouterr().out
+
+
+def malicious(learner: str, topic: str, ts: str) -> str:
+    record = json.loads(line(BOB, "zero.a", 1.0))
+    record.update(learner=learner, topic=topic, ts=ts)
+    return json.dumps(record) + "\n"
+
+
+def test_csv_neutralises_formulas_in_every_learner_field(tmp_path):
+    folder = tmp_path / "handed_in"
+    folder.mkdir()
+    (folder / "evil.jsonl").write_text(
+        malicious('=HYPERLINK("http://evil.example","click")', "+SUM(A1:A9)", "@NOW()")
+        + malicious("-2+3", "\t=1+1", "\r=1+1")
+        + malicious("r-plain", "zero", "2025-05-01T10:00:00.000+00:00")
+    )
+    path = write_csv(aggregate_scores(folder), tmp_path / "s.csv")
+    rows = list(csv.reader(path.open(newline="")))
+    assert len(rows) == 1 + 3
+    for row in rows:
+        for cell in row:
+            assert not cell.startswith(FORMULA_TRIGGERS), row
+    learners = {row[0] for row in rows[1:]}
+    assert learners == {'\'=HYPERLINK("http://evil.example","click")', "'-2+3", "r-plain"}
+    assert {row[1] for row in rows[1:]} == {"'+SUM(A1:A9)", "'\t=1+1", "zero"}
+    assert {row[7] for row in rows[1:]} == {"'@NOW()", "'\r=1+1", "2025-05-01T10:00:00.000+00:00"}
+
+
+def test_rewriting_the_csv_never_touches_the_old_file_in_place(handed_in, tmp_path, monkeypatch):
+    path = tmp_path / "scores.csv"
+    path.write_text("the old export\n")
+    with path.open() as reader_of_the_old_file:
+        write_csv(aggregate_scores(handed_in, bank()), path)
+        assert reader_of_the_old_file.read() == "the old export\n"
+    assert path.read_text().startswith(",".join(CSV_COLUMNS))
+
+    def crash_half_way(fd, data):  # a kill or a full disk in the middle of the write
+        os.write(fd, bytes(data[: len(data) // 2]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dtlab.files, "write_all", crash_half_way)
+    before = path.read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        write_csv(aggregate_scores(handed_in, bank()), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["handed_in", "scores.csv"]
+
+
+def test_one_seat_name_on_two_installs_is_two_learners_and_copies_count_once(tmp_path, monkeypatch):
+    folder = tmp_path / "handed_in"
+    for machine in ("seat1", "seat2"):
+        monkeypatch.setenv("HOME", str(tmp_path / machine))  # each install has its own salt
+        record_attempt(item="zero.a", topic="zero", correct=True, score=1.0, bank_version="abc",
+                       kind="choice", learner="Ada", path=folder / f"{machine}.jsonl")  # fmt: skip
+    (folder / "seat1_again.jsonl").write_bytes((folder / "seat1.jsonl").read_bytes())
+    report = aggregate_scores(folder, bank())
+    assert report.problems == [] and report.files_read == 3
+    assert report.learners == 2
+    assert all(row.attempts == 1 for _, row in report.rows if row.topic == "zero")

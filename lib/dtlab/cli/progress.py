@@ -18,6 +18,7 @@ HELP = "mastery per topic from your progress records (table, --chart FILE.html)"
 
 def run_progress(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     """The ``dtlab progress`` command; returns the exit status."""
+    from dtlab.files import write_atomic
     from dtlab.quiz.bank import BankError, cached_bank, load_bank
     from dtlab.quiz.mastery import mastery_by_topic, mastery_chart, mastery_table
     from dtlab.quiz.progress import default_progress_path, learner_id, read_progress
@@ -42,7 +43,8 @@ def run_progress(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"\n(skipped unreadable lines {progress.skipped_lines})", file=stdout)
     if args.chart is not None:
         try:
-            mastery_chart(rows).write_html(args.chart, include_plotlyjs=True)
+            # Rendered first, then written whole: an interrupted write leaves the old chart.
+            write_atomic(args.chart, mastery_chart(rows).to_html(include_plotlyjs=True))
         except OSError as error:
             print(f"error: cannot write the chart to {args.chart}: {error}", file=stdout)
             return 1

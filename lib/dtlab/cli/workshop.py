@@ -2,6 +2,9 @@
 
 dtlab workshop build           write solutions/NN_*.ipynb and labs/NN_*.ipynb from solutions/NN_*.py
 dtlab workshop build --check   write nothing; fail listing the notebooks that are out of date
+dtlab workshop scores DIR      learners' progress files -> DIR/scores.csv and a leaderboard
+
+Every file is written atomically (a temporary file, then a rename): Ctrl-C never leaves half of one.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def _register_build(parser: argparse.ArgumentParser) -> None:
 
 
 # One (name, help, register) entry per action; register(parser) adds the action's arguments and
-# parser.set_defaults(run=...). Instructor score export (`scores`) is the next entry to add.
+# parser.set_defaults(run=...).
 def _register_scores(parser: argparse.ArgumentParser) -> None:
     from dtlab.workshop.scores import register_scores  # imported on use: keeps --help instant
 

@@ -3,25 +3,33 @@
 A line holds ``ts`` (UTC, ISO 8601), ``learner``, ``item``, ``topic``, ``correct``, ``score`` and
 ``bank_version`` (plus ``kind``: the item's kind, or ``"exercise"``). The learner is a
 pseudonym, never a name: a random id created once in ``~/.dtlab/learner_id``, or, when a name is
-given (a workshop seat), ``"h-"`` + a SHA-256 prefix of it.
+given (a workshop seat), ``"s-"`` + an HMAC-SHA-256 prefix of the name keyed with this install's
+secret salt (``~/.dtlab/salt``, random, created once, readable only by you). Without the salt a
+name cannot be recovered by hashing guesses; the price is that one name gets a *different* id on
+every install (the same id on every run of one install). Ids ``"h-..."`` written by dtlab before
+the salt (an unsalted SHA-256 of the name) are still read, but no longer match a name.
 
-Safe with many writers: each record is ONE ``os.write`` on an ``O_APPEND`` descriptor while
-holding an exclusive ``fcntl.flock``, so lines never interleave. A writer that died mid-line
-leaves a torn last line; the next writer first starts a fresh line (so its record stays whole),
-and :func:`read_progress` skips unreadable lines and reports them instead of failing.
+Safe with many writers: each record is written on an ``O_APPEND`` descriptor while holding an
+exclusive ``fcntl.flock`` (a short write is finished before the lock is released), so lines never
+interleave, and ``fsync``-ed before the call returns, so a recorded answer survives a power cut.
+A writer that died mid-line leaves a torn last line; the next writer first starts a fresh line
+(so its record stays whole), and :func:`read_progress` skips unreadable lines and reports them
+instead of failing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import secrets
-import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from dtlab.files import create_once, write_all, write_atomic
 
 try:
     import fcntl
@@ -29,6 +37,8 @@ except ImportError:  # Windows: O_APPEND single writes still keep lines whole on
     fcntl = None
 
 RECORD_FIELDS = ("ts", "learner", "item", "topic", "correct", "score", "bank_version")
+SALT_BYTES = 32
+ID_PREFIXES = ("s-", "r-", "h-")  # salted name hash, random machine id, unsalted (older dtlab)
 
 
 def dtlab_home() -> Path:
@@ -39,29 +49,39 @@ def default_progress_path() -> Path:
     return dtlab_home() / "progress.jsonl"
 
 
+def install_salt(path: str | Path | None = None) -> bytes:
+    """This install's secret salt for learner names, created on first use (random, mode 0600).
+
+    Created with :func:`~dtlab.files.create_once`, so two processes starting at once agree on it.
+    """
+    path = Path(path) if path is not None else dtlab_home() / "salt"
+    text = create_once(path, (secrets.token_hex(SALT_BYTES) + "\n").encode()).decode().strip()
+    try:
+        salt = bytes.fromhex(text)
+    except ValueError:
+        salt = b""
+    if len(salt) != SALT_BYTES:
+        raise ValueError(
+            f"{path} is damaged (expected {2 * SALT_BYTES} hex digits); delete it and dtlab makes "
+            "a new one — names used on shared seats then get new learner ids"
+        )
+    return salt
+
+
 def learner_id(name: str | None = None, id_file: str | Path | None = None) -> str:
-    """A pseudonymous learner id: a hash of ``name`` if given, else this machine's random id."""
+    """A pseudonymous learner id: a salted hash of ``name`` if given, else this machine's random id."""
     if name is not None:
         if not name.strip():
             raise ValueError("learner name is empty; pass None to use this machine's random id")
-        return "h-" + hashlib.sha256(name.strip().encode()).hexdigest()[:16]
+        digest = hmac.new(install_salt(), name.strip().encode(), hashlib.sha256).hexdigest()
+        return "s-" + digest[:16]
     path = Path(id_file) if id_file is not None else dtlab_home() / "learner_id"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new_id = "r-" + secrets.token_hex(8)
-    try:
-        # O_EXCL: when two processes race to create it, exactly one id wins and both read it.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        for _ in range(100):  # the winner may not have written its id yet
-            existing = path.read_text().strip()
-            if existing:
-                return existing
-            time.sleep(0.01)
-        path.write_text(new_id + "\n")
-        return new_id
-    with os.fdopen(fd, "w") as handle:
-        handle.write(new_id + "\n")
-    return new_id
+    existing = create_once(path, ("r-" + secrets.token_hex(8) + "\n").encode()).decode().strip()
+    if existing:
+        return existing
+    # An empty file left by a dtlab older than create_once, killed between creating and writing.
+    write_atomic(path, "r-" + secrets.token_hex(8) + "\n")
+    return path.read_text().strip()
 
 
 def append_record(record: dict, path: str | Path | None = None) -> Path:
@@ -76,7 +96,8 @@ def append_record(record: dict, path: str | Path | None = None) -> Path:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line  # close a torn line left by a crashed writer
-        os.write(fd, line)
+        write_all(fd, line)
+        os.fsync(fd)  # the answer is on disk before the learner sees "recorded"
     finally:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -95,7 +116,7 @@ def record_attempt(
     learner: str | None = None,
     path: str | Path | None = None,
 ) -> dict:
-    """Build and append one attempt record; ``learner`` is a name (hashed) or None (machine id)."""
+    """Build and append one attempt record; ``learner`` is a name (salted hash) or None (machine id)."""
     record = {
         "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "learner": learner_id(learner),
@@ -150,7 +171,7 @@ def read_progress(path: str | Path | None = None, learner: str | None = None) ->
     wanted = (
         None
         if learner is None
-        else (learner if learner[:2] in ("h-", "r-") else learner_id(learner))
+        else (learner if learner[:2] in ID_PREFIXES else learner_id(learner))
     )
     for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not raw.strip():

@@ -11,6 +11,8 @@ For each ``solutions/NN_name.py`` (percent format, see :mod:`dtlab.workshop.sour
 Output is deterministic — nbformat 4.5, cell ids ``<lab>-<cell index>``, no outputs,
 ``execution_count`` null, the ``python3`` kernel, JSON written the way Jupyter writes it — so
 ``--check`` compares bytes and a stale notebook shows up in CI, not in a learner's hands.
+Each notebook is written with :func:`dtlab.files.write_atomic`: a build interrupted half-way
+leaves every notebook either old or new, never truncated.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtlab.files import write_atomic
 from dtlab.workshop.source import Cell, LabSource, LabSourceError, read_lab_source
 
 BEGIN_MARKER = "# BEGIN SOLUTION"
@@ -170,8 +173,7 @@ def build(root: Path) -> list[Path]:
     for path, text in planned_notebooks(root).items():
         data = text.encode("utf-8")
         if not path.exists() or path.read_bytes() != data:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            write_atomic(path, data)
             written.append(path)
     return written
 

@@ -6,8 +6,17 @@ searched recursively). This module reads them all and writes
 * a **CSV**, one row per learner × topic: ``learner, topic, mastery, items_mastered,
   items_tried, items_total, attempts, last_attempt`` (mastery as in :mod:`dtlab.quiz.mastery`);
 * a **leaderboard** by pseudonymous id — learners are identified only by the ``learner`` field of
-  their records (a random id or a hash of a seat name, never a name), shortened for display.
+  their records (a random id or a salted hash of a seat name, never a name), shortened for display.
   File names (which may be real names) never appear in either.
+
+Merging never needs ids to agree across machines: records are grouped by their ``learner`` field
+as written, and a record handed in twice is recognised by its full content. Since the salt is per
+install (see :mod:`dtlab.quiz.progress`), one seat name typed on two machines is two learners.
+
+The CSV is written atomically (:func:`dtlab.files.write_atomic`) and every cell that comes from a
+learner's file (learner id, topic, timestamp) is neutralised against spreadsheet formula
+injection: a cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading
+``'`` (OWASP's advice), so opening the CSV in a spreadsheet never runs a learner's formula.
 
 Robust by construction: a file that is not UTF-8, not JSON lines, or holds no progress record at
 all (a notebook, a CSV, an empty file) is **reported and skipped**; a file with some bad lines (a
@@ -19,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dtlab.files import write_atomic
 from dtlab.quiz.mastery import TopicMastery, mastery_by_topic
 from dtlab.quiz.progress import RECORD_FIELDS
 
@@ -36,6 +47,18 @@ CSV_COLUMNS = (
     "attempts",
     "last_attempt",
 )
+# Columns whose text comes from learners' files; the others are numbers dtlab computed.
+LEARNER_TEXT_COLUMNS = ("learner", "topic", "last_attempt")
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """``text`` with a leading ``'`` if a spreadsheet would read it as a formula (OWASP CSV injection).
+
+    >>> spreadsheet_safe("=1+1"), spreadsheet_safe("zero")
+    ("'=1+1", 'zero')
+    """
+    return "'" + text if text.startswith(FORMULA_TRIGGERS) else text
 
 
 def display_id(learner: str) -> str:
@@ -155,17 +178,18 @@ def aggregate_scores(directory: str | Path, bank=None) -> ScoreReport:
 
 
 def write_csv(report: ScoreReport, path: str | Path) -> Path:
-    """Write the learner × topic rows (full pseudonymous ids) to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_COLUMNS)
-        for learner, row in report.rows:
-            values = asdict(row)
-            values["mastery"] = f"{row.mastery:.4f}"
-            writer.writerow([learner] + [values[c] for c in CSV_COLUMNS[1:]])
-    return path
+    """Write the learner × topic rows (full pseudonymous ids) to ``path``, atomically, UTF-8."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    for learner, row in report.rows:
+        values = asdict(row)
+        values["learner"] = learner
+        values["mastery"] = f"{row.mastery:.4f}"
+        for column in LEARNER_TEXT_COLUMNS:
+            values[column] = spreadsheet_safe(str(values[column]))
+        writer.writerow([values[c] for c in CSV_COLUMNS])
+    return write_atomic(path, buffer.getvalue())
 
 
 def format_leaderboard(report: ScoreReport, top: int = 10) -> str:
