@@ -8,7 +8,7 @@ record, because the two sources mean different things:
   holds them to a formula can fail.
 * ``counted=False`` — the collective ran inside ``torch.distributed`` (gloo's or NCCL's own
   algorithm), which dtlab cannot see into. The bytes are then the nccl-tests ring *convention*
-  for that op (see :func:`dtlab.parallel.ddp_common.ring_bytes_sent`); printing them as
+  for that op (see :func:`dtlab.comm.ring_bytes_sent`); printing them as
   "measured" would be false, so labels say "convention".
 
 One record mixes the two only by marking itself uncounted: adding conventional bytes to a

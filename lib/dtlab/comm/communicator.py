@@ -1,7 +1,11 @@
-"""The data-parallel family's collectives, on torch's backend or on dtlab's counted p2p layer.
+"""One place that runs a collective over a group: on torch's backend or on dtlab's counted rings.
 
-Every wrapper in this package (DDP, ZeRO-1/2/3) moves tensors through one :class:`DataParallelComm`.
-It runs each collective one of two ways, chosen with ``collectives=``:
+Every parallel wrapper and layer moves tensors through a :class:`Communicator` bound to one group
+(a mesh dimension: ``dp``, ``tp``, ``cp``, ``ep``, ``pp``); none calls ``torch.distributed``
+itself. Each call records a ``comm`` span labelled with the group's dimension and ranks, plus the
+micro-batch and phase of :func:`dtlab.trace.labels` in force, and adds its bytes to the
+communicator's :class:`~dtlab.collectives.stats.CommStats`. It runs each collective one of two
+ways, chosen with ``collectives=``:
 
 ``"torch"`` (default)
     ``torch.distributed``'s own all-reduce / reduce-scatter / all-gather (gloo's or NCCL's
@@ -77,8 +81,10 @@ class PendingCollective:
     events on the compute stream (``wait`` makes that stream wait for the NCCL stream).
     """
 
-    def __init__(self, work: dist.Work | None, name: str, sent: float) -> None:
-        self.work, self.name, self.sent = work, name, sent
+    def __init__(
+        self, work: dist.Work | None, name: str, sent: float, labels: dict | None = None
+    ) -> None:
+        self.work, self.name, self.sent, self.labels = work, name, sent, labels or {}
         self.start_ns = trace.now_ns()
         self.start_event = trace.cuda_mark()
         self.done_ns: int | None = None
@@ -102,7 +108,9 @@ class PendingCollective:
             )
             return
         end = self.done_ns if self.done_ns is not None else trace.now_ns()
-        trace.record(self.name, "comm", self.start_ns, end, int(self.sent), async_op=True)
+        trace.record(
+            self.name, "comm", self.start_ns, end, int(self.sent), async_op=True, **self.labels
+        )
 
 
 class _Done(PendingCollective):
@@ -112,18 +120,47 @@ class _Done(PendingCollective):
         self.work = None
 
 
-class DataParallelComm:
-    """Collectives over ``group`` for one wrapper, with the :class:`CommStats` of what moved."""
+class Communicator:
+    """Collectives over one group, with the :class:`CommStats` of what moved.
 
-    def __init__(self, group: dist.ProcessGroup | None = None, collectives: str = "torch") -> None:
+    ``group`` is a torch process group (``None``: every rank); ``dim`` names it on spans (the
+    mesh dimension, e.g. ``"tp"``). The counted path addresses the same ranks as a plain list,
+    so it needs no extra ``new_group``. Build one from a mesh with :meth:`along`.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        collectives: str = "torch",
+        dim: str = "world",
+    ) -> None:
         if collectives not in VIA:
             raise ValueError(
                 f"collectives={collectives!r} is not a choice: use 'torch' (gloo/NCCL's own, "
                 "bytes by the ring convention) or 'dtlab' (our p2p rings, every byte counted)"
             )
-        self.group, self.via = group, collectives
+        self.group, self.via, self.dim = group, collectives, dim
         self.world_size = dist.get_world_size(group)
+        self.ranks = (
+            dist.get_process_group_ranks(group)
+            if group is not None
+            else list(range(self.world_size))
+        )
+        self.rank = self.ranks.index(dist.get_rank())
         self.stats = CommStats(counted=collectives == "dtlab")
+
+    @classmethod
+    def along(cls, mesh, dim: str, collectives: str = "torch") -> Communicator:
+        """The communicator of ``mesh``'s ``dim`` group (``"tp"``, ``"dp"``, ``"ep"``, ...)."""
+        return cls(getattr(mesh, f"{dim}_group"), collectives, dim)
+
+    @property
+    def _peers(self):
+        """The group for dtlab's collectives: ``None`` for the world, else the rank list."""
+        return None if self.group is None else self.ranks
+
+    def _labels(self) -> dict:
+        return {"group": self.dim, **trace.current_labels()}
 
     @property
     def counted(self) -> bool:
@@ -132,7 +169,7 @@ class DataParallelComm:
 
     def _run(self, op: str, name: str, payload: int, async_op: bool, torch_call, dtlab_call):
         if self.via == "dtlab":
-            with C.counting() as moved:
+            with C.counting() as moved, trace.labels(**self._labels()):
                 dtlab_call()
             self.stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
             self.stats.messages_sent += moved.messages_sent
@@ -141,8 +178,8 @@ class DataParallelComm:
         sent = ring_bytes_sent(op, payload, self.world_size)
         self.stats.add_call(op, sent, sent, counted=False)
         if async_op:
-            return PendingCollective(torch_call(True), name, sent)
-        with trace.cuda_span(name, kind="comm", nbytes=int(sent)):
+            return PendingCollective(torch_call(True), name, sent, self._labels())
+        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
             torch_call(False)
         return None
 
@@ -153,7 +190,7 @@ class DataParallelComm:
         return self._run(
             "all_reduce", name, nbytes(tensor), async_op,
             lambda a: dist.all_reduce(tensor, group=self.group, async_op=a),
-            lambda: C.all_reduce(tensor, "sum", algorithm="ring", group=self.group),
+            lambda: C.all_reduce(tensor, "sum", algorithm="ring", group=self._peers),
         )  # fmt: skip
 
     def reduce_scatter(
@@ -167,7 +204,7 @@ class DataParallelComm:
         return self._run(
             "reduce_scatter", name, nbytes(full), async_op,
             lambda a: _reduce_scatter_tensor(shard, full, group=self.group, async_op=a),
-            lambda: shard.copy_(C.reduce_scatter(full, "sum", group=self.group)),
+            lambda: shard.copy_(C.reduce_scatter(full, "sum", group=self._peers)),
         )  # fmt: skip
 
     def all_gather(
@@ -181,7 +218,7 @@ class DataParallelComm:
         return self._run(
             "all_gather", name, nbytes(full), async_op,
             lambda a: _all_gather_tensor(full, shard, group=self.group, async_op=a),
-            lambda: C.all_gather(shard, group=self.group, out=full),
+            lambda: C.all_gather(shard, group=self._peers, out=full),
         )  # fmt: skip
 
     def broadcast(self, tensor: torch.Tensor, name: str = "broadcast") -> None:
@@ -190,18 +227,56 @@ class DataParallelComm:
         self._run(
             "broadcast", name, nbytes(tensor), False,
             lambda a: dist.broadcast(tensor, src=src, group=self.group, async_op=a),
-            lambda: C.broadcast(tensor, 0, algorithm="chain", group=self.group),
+            lambda: C.broadcast(tensor, 0, algorithm="chain", group=self._peers),
         )  # fmt: skip
 
+    def all_to_all(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: list[int] | None = None,
+        input_splits: list[int] | None = None,
+        name: str = "all_to_all",
+    ) -> None:
+        """Rank i's rows ``input_splits[j]`` go to rank j, landing in ``output`` in rank order.
 
-def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group=None) -> None:
-    """Exercise helper: rank r receives the sum of chunk r of every rank's ``full`` in ``shard``.
+        Bytes sent by this rank: every row it does not keep, ``bytes(tensor) − bytes(own rows)``;
+        the convention path records exactly that, the counted path counts the messages.
+        """
+        row = tensor[0].numel() * tensor.element_size() if tensor.dim() and len(tensor) else 0
+        mine = (input_splits[self.rank] if input_splits else len(tensor) // self.world_size) * row
+        sent = nbytes(tensor) - mine
+        if self.via == "dtlab":
+            with C.counting() as moved, trace.labels(**self._labels()):
+                C.all_to_all(tensor, input_splits, output_splits, group=self._peers, out=output)
+            self.stats.add_call("all_to_all", moved.bytes_sent, moved.bytes_received, counted=True)
+            return
+        self.stats.add_call("all_to_all", sent, nbytes(output) - mine, counted=False)
+        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
+            dist.all_to_all_single(output, tensor, output_splits, input_splits, group=self.group)
 
-    Runs on dtlab's counted ring, so a grader can hold the bytes to (N-1)/N · bytes(full).
-    """
-    DataParallelComm(group, "dtlab").reduce_scatter(shard, full)
+    def send(self, tensor: torch.Tensor, to: int, name: str = "send") -> None:
+        """Send ``tensor`` to group rank ``to`` (blocking until the receiver has it)."""
+        self._point_to_point("send", tensor, to, name)
 
+    def recv(self, tensor: torch.Tensor, source: int, name: str = "recv") -> None:
+        """Receive into ``tensor`` from group rank ``source``."""
+        self._point_to_point("recv", tensor, source, name)
 
-def all_gather(full: torch.Tensor, shard: torch.Tensor, group=None) -> None:
-    """Exercise helper: every rank's ``shard`` concatenated into ``full`` (counted ring)."""
-    DataParallelComm(group, "dtlab").all_gather(full, shard)
+    def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, name: str) -> None:
+        size = nbytes(tensor)
+        sent, received = (size, 0) if op == "send" else (0, size)
+        if self.via == "dtlab":
+            peers = C.peers_of(self._peers)
+            with C.counting() as moved:
+                getattr(peers, op)(peer, tensor, name=name)
+            self.stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
+            self.stats.messages_sent += moved.messages_sent
+            self.stats.messages_received += moved.messages_received
+            return
+        self.stats.add_call(op, sent, received, counted=False)
+        call = dist.send if op == "send" else dist.recv
+        with trace.cuda_span(
+            name, kind="comm", nbytes=size, peer=self.ranks[peer], **self._labels()
+        ):
+            call(tensor, self.ranks[peer], group=self.group)

@@ -13,12 +13,12 @@ Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's 
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
+from dtlab.comm import ring_bytes_sent
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
 from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
-from dtlab.parallel.ddp_common import CommStats, DataParallelBase
+from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
 from dtlab.parallel.ddp_naive import NaiveDDP
 from dtlab.parallel.ddp_overlap import OverlappedDDP
-from dtlab.parallel.dp_comm import DataParallelComm, ring_bytes_sent
 from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.mixed_precision import MixedPrecision, norms_in_fp32

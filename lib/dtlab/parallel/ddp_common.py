@@ -5,9 +5,9 @@ Training", VLDB 2020) keeps a full replica of the model on every rank, feeds eac
 slice of the global batch, and averages the gradients before the optimizer step, so every replica
 takes the same step and the replicas never drift apart.
 
-Collectives go through a :class:`~dtlab.parallel.dp_comm.DataParallelComm`: torch's own
+Collectives go through a :class:`DataParallelComm` (a :class:`~dtlab.comm.Communicator` on the dp group): torch's own
 (``collectives="torch"``, bytes by the ring convention) or dtlab's counted rings
-(``collectives="dtlab"``, every byte counted from real messages) — see :mod:`dp_comm`.
+(``collectives="dtlab"``, every byte counted from real messages) — see :mod:`dtlab.comm`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
-from dtlab.parallel.dp_comm import (
-    DataParallelComm,
-    PendingCollective,
-    all_gather,
-    nbytes,
-    reduce_scatter,
-    ring_bytes_sent,
-)
+from dtlab.comm import Communicator, PendingCollective, nbytes, ring_bytes_sent
 
 __all__ = [
     "CommStats",
@@ -42,6 +35,26 @@ __all__ = [
     "ring_bytes_sent",
     "trainable_parameters",
 ]
+
+
+class DataParallelComm(Communicator):
+    """The data-parallel group's :class:`~dtlab.comm.Communicator` (spans labelled ``dp``)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, collectives: str = "torch") -> None:
+        super().__init__(group, collectives, dim="dp")
+
+
+def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group=None) -> None:
+    """Exercise helper: rank r receives the sum of chunk r of every rank's ``full`` in ``shard``.
+
+    Runs on dtlab's counted ring, so a grader can hold the bytes to (N-1)/N · bytes(full).
+    """
+    DataParallelComm(group, "dtlab").reduce_scatter(shard, full)
+
+
+def all_gather(full: torch.Tensor, shard: torch.Tensor, group=None) -> None:
+    """Exercise helper: every rank's ``shard`` concatenated into ``full`` (counted ring)."""
+    DataParallelComm(group, "dtlab").all_gather(full, shard)
 
 
 def broadcast_module_state(module: nn.Module, comm: DataParallelComm) -> None:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dtlab.parallel.dp_comm import DataParallelComm, PendingCollective, nbytes
+from dtlab.comm import PendingCollective, nbytes
+from dtlab.parallel.ddp_common import DataParallelComm
 from dtlab.parallel.flat_shard import FlatSegment
 from dtlab.parallel.mixed_precision import MixedPrecision
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dtlab.parallel.dp_comm import nbytes
+from dtlab.comm import nbytes
 from dtlab.parallel.flat_shard import state_tensor_bytes
 
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from dtlab import trace
-from dtlab.parallel.dp_comm import DataParallelComm, nbytes
+from dtlab.comm import nbytes
+from dtlab.parallel.ddp_common import DataParallelComm
 from dtlab.parallel.flat_shard import FlatSegment
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.mixed_precision import MixedPrecision

@@ -77,7 +77,7 @@ def shard_by_zero_stage(
     ``units`` are the ZeRO-3 gather units (default: one per ``nn.ModuleList`` element plus the
     root). Mixed precision (compute-dtype params and grads, fp32 master weights) needs stage ≥ 1.
     ``collectives="dtlab"`` runs every collective on dtlab's counted rings, so ``comm_stats``
-    holds bytes counted from real messages (see :mod:`~dtlab.parallel.dp_comm`).
+    holds bytes counted from real messages (see :mod:`dtlab.comm`).
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage {stage!r} does not exist; choose 0 (DDP), 1, 2 or 3")

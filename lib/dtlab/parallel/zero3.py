@@ -44,8 +44,11 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
-from dtlab.parallel.ddp_common import broadcast_module_state, queue_end_of_backward
-from dtlab.parallel.dp_comm import DataParallelComm
+from dtlab.parallel.ddp_common import (
+    DataParallelComm,
+    broadcast_module_state,
+    queue_end_of_backward,
+)
 from dtlab.parallel.fsdp_layout import assign_units, cast_inputs, tensors_in
 from dtlab.parallel.fsdp_unit import FSDPUnit
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_

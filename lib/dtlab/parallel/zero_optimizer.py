@@ -40,9 +40,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab import trace
+from dtlab.comm import nbytes
 from dtlab.parallel.ddp_bucketed import assign_buckets
-from dtlab.parallel.ddp_common import queue_end_of_backward
-from dtlab.parallel.dp_comm import DataParallelComm, nbytes
+from dtlab.parallel.ddp_common import DataParallelComm, queue_end_of_backward
 from dtlab.parallel.flat_shard import FlatSegment, normalize_param_groups
 from dtlab.parallel.mixed_precision import MixedPrecision, compute_dtype
 from dtlab.parallel.sharded_optimizer import MasterShardOptimizer

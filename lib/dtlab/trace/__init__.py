@@ -10,7 +10,8 @@ Inside a function run on the Cluster (or under torchrun)::
     dtlab.viz.timeline(out.trace)
 
 * :mod:`~dtlab.trace.recorder` — ``span``, ``cuda_span`` (device time from CUDA events),
-  ``record``, and the hooks the runtime calls around every run.
+  ``record``, ``labels`` (micro-batch, phase, group on every span inside a block), and the hooks
+  the runtime calls around every run.
 * :mod:`~dtlab.trace.clock` — ``calibrate_clock``: every rank's spans on rank 0's clock.
 * :mod:`~dtlab.trace.analysis` — ``Trace``: per-kind time, bytes moved, idle gaps, overlap.
 * :mod:`~dtlab.trace.chrome` — export for Perfetto / chrome://tracing.
@@ -24,7 +25,9 @@ from dtlab.trace.recorder import (
     begin_call,
     cuda_mark,
     cuda_span,
+    current_labels,
     end_call,
+    labels,
     now_ns,
     record,
     record_cuda,
@@ -40,6 +43,8 @@ __all__ = [
     "cuda_span",
     "cuda_mark",
     "record_cuda",
+    "labels",
+    "current_labels",
     "record",
     "now_ns",
     "begin_call",

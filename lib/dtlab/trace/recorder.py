@@ -48,6 +48,8 @@ class _Recorder:
         # CUDA spans wait here as event pairs until end_call() converts them (see cuda_span).
         self.pending_cuda: list[tuple] = []
         self.cuda_anchors: dict[int, tuple] = {}
+        # Labels every span recorded now carries (trace.labels): micro-batch, phase, group.
+        self.context_labels: dict = {}
 
 
 _recorder = _Recorder()
@@ -64,6 +66,23 @@ def now_ns() -> int:
 
 
 @contextmanager
+def labels(**values) -> Iterator[None]:
+    """Label every span recorded inside the block, e.g. ``with trace.labels(micro_batch=3,
+    phase="F"):`` around one pipeline action; inner blocks add to (and override) outer ones."""
+    previous = _recorder.context_labels
+    _recorder.context_labels = {**previous, **values}
+    try:
+        yield
+    finally:
+        _recorder.context_labels = previous
+
+
+def current_labels() -> dict:
+    """The labels :func:`labels` has in force right now."""
+    return dict(_recorder.context_labels)
+
+
+@contextmanager
 def span(name: str, kind: str = "compute", nbytes: int = 0, **labels) -> Iterator[None]:
     """Record the body as one span of ``kind`` on this rank (free when nobody is recording)."""
     _check_kind(kind)
@@ -75,7 +94,15 @@ def span(name: str, kind: str = "compute", nbytes: int = 0, **labels) -> Iterato
         yield
     finally:
         _recorder.spans.append(
-            Span(_recorder.rank, name, kind, start, now_ns(), int(nbytes), dict(labels))
+            Span(
+                _recorder.rank,
+                name,
+                kind,
+                start,
+                now_ns(),
+                int(nbytes),
+                {**_recorder.context_labels, **labels},
+            )  # fmt: skip
         )
 
 
@@ -84,7 +111,15 @@ def record(name: str, kind: str, start_ns: int, end_ns: int, nbytes: int = 0, **
     _check_kind(kind)
     if _recorder.active:
         _recorder.spans.append(
-            Span(_recorder.rank, name, kind, int(start_ns), int(end_ns), int(nbytes), labels)
+            Span(
+                _recorder.rank,
+                name,
+                kind,
+                int(start_ns),
+                int(end_ns),
+                int(nbytes),
+                {**_recorder.context_labels, **labels},
+            )  # fmt: skip
         )
 
 
@@ -153,7 +188,15 @@ def record_cuda(name: str, kind: str, start, end, nbytes: int = 0, **labels) -> 
         return
     (device_index, start_event), (_, end_event) = start, end
     _recorder.pending_cuda.append(
-        (device_index, start_event, end_event, name, kind, int(nbytes), dict(labels))
+        (
+            device_index,
+            start_event,
+            end_event,
+            name,
+            kind,
+            int(nbytes),
+            {**_recorder.context_labels, **labels},
+        )  # fmt: skip
     )
 
 
