@@ -177,3 +177,24 @@ def test_numbers_read_in_binary_units_and_sensible_time_units():
     assert format_bytes(3 * MIB) == "3.0 MiB"
     assert format_duration_ns(1500) == "1.5 µs"
     assert format_duration_ns(2_500_000) == "2.500 ms"
+
+
+def test_timeline_colours_communication_by_mesh_group_when_asked():
+    trace = Trace(
+        [
+            Span(0, "fwd", "compute", 0, 4 * MS, 0, {"phase": "F", "micro_batch": 0}),
+            Span(0, "tp.all_reduce", "comm", 4 * MS, 5 * MS, 64, {"group": "tp"}),
+            Span(0, "grad_rs", "comm", 5 * MS, 7 * MS, 64, {"group": "dp"}),
+            Span(1, "send", "comm", 1 * MS, 2 * MS, 64, {"group": "pp"}),
+        ]
+    )
+    fig = viz.timeline(trace, show_idle=False, color_by="group")
+    assert [t.name for t in fig.data] == ["compute", "comm · dp", "comm · pp", "comm · tp"]
+    colors = {t.name: t.marker.color for t in fig.data}
+    assert colors["comm · tp"] == viz.theme.GROUP_COLORS["tp"] != colors["comm · pp"]
+    assert [t.name for t in viz.timeline(trace, show_idle=False).data] == ["compute", "comm"]
+    with pytest.raises(ValueError, match="choose 'kind' or 'group'"):
+        viz.timeline(trace, color_by="rank")
+    # Perfetto export keeps the labels as event args.
+    events = [e for e in trace.to_chrome()["traceEvents"] if e.get("ph") == "X"]
+    assert {e["args"].get("group") for e in events} >= {"tp", "dp", "pp"}

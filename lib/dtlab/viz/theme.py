@@ -27,6 +27,16 @@ KIND_COLORS = {
     "other": "#9D755D",  # brown
 }
 
+GROUP_COLORS = {  # communication coloured by mesh dimension (timeline(color_by="group"))
+    "dp": "#F58518",  # orange: the data-parallel family keeps comm's usual colour
+    "tp": "#E45756",  # red
+    "pp": "#72B7B2",  # teal
+    "cp": "#EECA3B",  # yellow
+    "ep": "#FF9DA6",  # pink
+    "edp": "#BAB0AC",  # warm grey
+    "world": "#F58518",
+}
+
 MEMORY_CATEGORIES = (
     "parameters",
     "gradients",

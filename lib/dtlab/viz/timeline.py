@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from dtlab.trace import KINDS, Span, Trace
 from dtlab.trace.analysis import overlap_of, union_of
 from dtlab.viz.labels import format_bytes, format_duration_ns, format_labels
-from dtlab.viz.theme import DTLAB_TEMPLATE, KIND_COLORS
+from dtlab.viz.theme import DTLAB_TEMPLATE, GROUP_COLORS, KIND_COLORS
 
 ROW_FILL = 0.8  # fraction of a rank's row the bars occupy; the rest separates ranks
 TRANSFER_KINDS = ("comm", "memcpy")
@@ -55,13 +55,35 @@ def hover_text(span: Span, origin_ns: int) -> str:
     return "<br>".join(lines)
 
 
-def timeline(trace: Trace, title: str = "Timeline per rank", show_idle: bool = True) -> go.Figure:
+def legend_key(span: Span, color_by: str) -> str:
+    """The legend entry a span is drawn under: its kind, or for comm its group (mesh dim)."""
+    if color_by == "group" and span.kind == "comm":
+        return f"comm · {span.labels.get('group', 'world')}"
+    return span.kind
+
+
+def _color(key: str) -> str:
+    if key.startswith("comm · "):
+        return GROUP_COLORS.get(key.removeprefix("comm · "), KIND_COLORS["comm"])
+    return KIND_COLORS[key]
+
+
+def timeline(
+    trace: Trace,
+    title: str = "Timeline per rank",
+    show_idle: bool = True,
+    color_by: str = "kind",
+) -> go.Figure:
     """A per-rank Gantt chart of ``trace``: one ``go.Bar`` trace per span kind (the legend
     reads by kind), bars placed with ``base`` = start and ``x`` = duration, in ms.
 
     ``show_idle`` fills each rank's untraced gaps with grey "idle" bars (``Trace.with_idle``);
-    with ``show_idle=False`` no idle bars are drawn, not even recorded ones.
+    with ``show_idle=False`` no idle bars are drawn, not even recorded ones. ``color_by="group"``
+    colours communication by the group it ran in (the ``group`` label the communication layer
+    puts on every span: dp, tp, pp, cp, ep), so a 3D-parallel step shows which dimension talks.
     """
+    if color_by not in ("kind", "group"):
+        raise ValueError(f"color_by={color_by!r}: choose 'kind' or 'group'")
     trace = trace.with_idle() if show_idle else trace.filter(kind=[k for k in KINDS if k != "idle"])
     fig = go.Figure()
     bars: dict[str, dict[str, list]] = {}
@@ -71,7 +93,8 @@ def timeline(trace: Trace, title: str = "Timeline per rank", show_idle: bool = T
         for s in spans:
             lane = 1 if two_lanes and s.kind in TRANSFER_KINDS else 0
             bar = bars.setdefault(
-                s.kind, {"x": [], "base": [], "y": [], "offset": [], "width": [], "text": []}
+                legend_key(s, color_by),
+                {"x": [], "base": [], "y": [], "offset": [], "width": [], "text": []},
             )
             bar["x"].append((s.end_ns - s.start_ns) / 1e6)
             bar["base"].append((s.start_ns - trace.origin_ns) / 1e6)
@@ -79,7 +102,7 @@ def timeline(trace: Trace, title: str = "Timeline per rank", show_idle: bool = T
             bar["offset"].append(-ROW_FILL / 2 + lane * width)
             bar["width"].append(width)
             bar["text"].append(hover_text(s, trace.origin_ns))
-    for kind in sorted(bars, key=KINDS.index):
+    for kind in sorted(bars, key=lambda k: (KINDS.index(k.split(" · ")[0]), k)):
         bar = bars[kind]
         fig.add_trace(
             go.Bar(
@@ -91,7 +114,7 @@ def timeline(trace: Trace, title: str = "Timeline per rank", show_idle: bool = T
                 offset=bar["offset"],
                 width=bar["width"],
                 marker={
-                    "color": KIND_COLORS[kind],
+                    "color": _color(kind),
                     "line": {"width": 0.5, "color": "rgba(255, 255, 255, 0.7)"},
                 },
                 hovertext=bar["text"],
