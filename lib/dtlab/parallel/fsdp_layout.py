@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.precision.mixed_precision import MixedPrecision
 
 Slot = tuple[nn.Module, str]
 Owned = list[tuple[nn.Parameter, list[Slot]]]

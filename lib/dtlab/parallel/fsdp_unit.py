@@ -27,7 +27,7 @@ from torch import nn
 from dtlab.comm import PendingCollective, nbytes
 from dtlab.parallel.ddp_common import DataParallelComm
 from dtlab.parallel.flat_shard import FlatSegment
-from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.precision.mixed_precision import MixedPrecision
 
 Slot = tuple[nn.Module, str]
 

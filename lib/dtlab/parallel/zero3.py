@@ -52,7 +52,7 @@ from dtlab.parallel.ddp_common import (
 from dtlab.parallel.fsdp_layout import assign_units, cast_inputs, tensors_in
 from dtlab.parallel.fsdp_unit import FSDPUnit
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.parallel.mixed_precision import MixedPrecision
+from dtlab.precision.mixed_precision import MixedPrecision
 
 Policy = MixedPrecision | Callable[[nn.Module], MixedPrecision | None] | None
 

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dtlab.trace.chrome import chrome_trace_events
 from dtlab.trace.recorder import Span
 
 Interval = tuple[int, int]
@@ -240,9 +241,7 @@ class Trace:
     def to_chrome(self, path: str | Path | None = None) -> dict:
         """Chrome/Perfetto trace-event JSON (see :mod:`dtlab.trace.chrome`); also written to
         ``path`` if given — open it at https://ui.perfetto.dev or chrome://tracing."""
-        from dtlab.trace.chrome import chrome_trace_events
-
-        doc = chrome_trace_events(self)
+        doc = chrome_trace_events(self.by_rank(), self.origin_ns)
         if path is not None:
             Path(path).write_text(json.dumps(doc))
         return doc

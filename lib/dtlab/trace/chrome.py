@@ -12,12 +12,8 @@ thread as a stack, so they must nest; when two spans of one kind on one rank par
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from dtlab.trace.recorder import KINDS, Span
-
-if TYPE_CHECKING:
-    from dtlab.trace.analysis import Trace
 
 
 def _jsonable(value):
@@ -46,10 +42,14 @@ def nesting_rows(spans: list[Span]) -> list[int]:
     return rows
 
 
-def chrome_trace_events(trace: Trace) -> dict:
-    """The trace as a JSON-ready dict; times in microseconds after ``trace.origin_ns``."""
+def chrome_trace_events(spans_by_rank: dict[int, list[Span]], origin_ns: int) -> dict:
+    """Every rank's spans as a JSON-ready dict; times in microseconds after ``origin_ns``.
+
+    Takes plain spans, not a ``Trace``: :class:`~dtlab.trace.analysis.Trace` uses this module,
+    never the other way round.
+    """
     events: list[dict] = []
-    for rank, spans in trace.by_rank().items():
+    for rank, spans in spans_by_rank.items():
         events.append(_meta("process_name", rank, 0, {"name": f"rank {rank}"}))
         events.append(_meta("process_sort_index", rank, 0, {"sort_index": rank}))
         tids: dict[tuple[str, int], int] = {}
@@ -64,7 +64,7 @@ def chrome_trace_events(trace: Trace) -> dict:
                         "name": s.name,
                         "cat": s.kind,
                         "ph": "X",
-                        "ts": (s.start_ns - trace.origin_ns) / 1e3,
+                        "ts": (s.start_ns - origin_ns) / 1e3,
                         "dur": (s.end_ns - s.start_ns) / 1e3,
                         "pid": rank,
                         "tid": tid,
