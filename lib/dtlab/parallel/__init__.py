@@ -21,12 +21,12 @@ from dtlab.parallel.ddp_naive import NaiveDDP
 from dtlab.parallel.ddp_overlap import OverlappedDDP
 from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 from dtlab.parallel.offload import offload_device
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
 from dtlab.parallel.zero3 import FullyShardedDataParallel
 from dtlab.parallel.zero_optimizer import ZeroOptimizer
+from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [
     "AsyncSGDResult",

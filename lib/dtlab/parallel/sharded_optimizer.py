@@ -32,8 +32,8 @@ from dtlab.comm import nbytes
 from dtlab.parallel.ddp_common import DataParallelComm
 from dtlab.parallel.flat_shard import FlatSegment
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.precision.mixed_precision import MixedPrecision
 from dtlab.parallel.offload import host_buffer
+from dtlab.precision.mixed_precision import MixedPrecision
 
 
 class MasterShardOptimizer(torch.optim.Optimizer):

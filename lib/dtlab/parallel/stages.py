@@ -29,9 +29,9 @@ from torch import nn
 from dtlab.memory import measure_model_state
 from dtlab.parallel.ddp_bucketed import BucketedDDP
 from dtlab.parallel.ddp_common import CommStats
-from dtlab.precision.mixed_precision import MixedPrecision
 from dtlab.parallel.zero3 import FullyShardedDataParallel
 from dtlab.parallel.zero_optimizer import ZeroOptimizer
+from dtlab.precision.mixed_precision import MixedPrecision
 
 
 @dataclass

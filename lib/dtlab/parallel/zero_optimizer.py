@@ -44,8 +44,8 @@ from dtlab.comm import nbytes
 from dtlab.parallel.ddp_bucketed import assign_buckets
 from dtlab.parallel.ddp_common import DataParallelComm, queue_end_of_backward
 from dtlab.parallel.flat_shard import FlatSegment, normalize_param_groups
-from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 from dtlab.parallel.sharded_optimizer import MasterShardOptimizer
+from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
 
 class ZeroOptimizer(MasterShardOptimizer):
