@@ -25,13 +25,17 @@ class GPTConfig:
         seq_len: context length (also the number of learned positions).
         d_model: residual stream width.
         n_layers: transformer blocks.
-        n_heads: attention heads; must divide ``d_model``.
+        n_heads: attention (query) heads; must divide ``d_model``.
         d_ff: MLP hidden width; ``None`` means ``4 · d_model``. It is resolved when the config is
             built, so ``dataclasses.replace(cfg, d_model=...)`` keeps the old width — pass
             ``d_ff=None`` alongside to re-derive it.
         dropout: dropout probability on embeddings, attention weights and residual branches.
         tie_embeddings: share the token-embedding matrix with the LM head (GPT-2 does).
         bias: biases in the Linear layers and LayerNorms.
+        n_kv_heads: key/value heads for grouped-query attention (Ainslie et al. 2023); must
+            divide ``n_heads``. ``None`` means ``n_heads`` (ordinary multi-head attention); like
+            ``d_ff`` it is resolved when the config is built, so ``dataclasses.replace(cfg,
+            n_heads=...)`` keeps the old count — pass ``n_kv_heads=None`` alongside to re-derive.
     """
 
     vocab_size: int = 128
@@ -43,6 +47,7 @@ class GPTConfig:
     dropout: float = 0.0
     tie_embeddings: bool = True
     bias: bool = True
+    n_kv_heads: int | None = None  # last, so positional construction keeps its meaning
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
@@ -53,6 +58,19 @@ class GPTConfig:
             raise ValueError(
                 f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; "
                 f"choose n_heads from {_divisors(self.d_model)} (or change d_model)"
+            )
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        elif not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1:
+            raise ValueError(
+                f"GPTConfig.n_kv_heads must be a positive integer or None, got {self.n_kv_heads!r}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}: each "
+                f"kv head serves a whole group of query heads; choose n_kv_heads from "
+                f"{_divisors(self.n_heads)} (after dataclasses.replace(..., n_heads=...), pass "
+                "n_kv_heads=None to get n_heads again)"
             )
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
@@ -68,11 +86,19 @@ class GPTConfig:
         """Width of one attention head: ``d_model // n_heads``."""
         return self.d_model // self.n_heads
 
+    @property
+    def kv_width(self) -> int:
+        """Output width of ``k_proj`` and ``v_proj``: ``n_kv_heads · head_dim``."""
+        return self.n_kv_heads * self.head_dim
+
     def num_params(self) -> int:
-        """Exact parameter count of ``GPT(self)`` (tied weights counted once)."""
+        """Exact parameter count of ``GPT(self)`` with dense MLPs (tied weights counted once)."""
         from dtlab.cost.flops import gpt_param_count
 
-        return gpt_param_count(
+        # The cost formula assumes d-wide k/v projections; GQA narrows both to kv_width.
+        narrower = self.d_model - self.kv_width
+        saved_per_layer = 2 * narrower * self.d_model + (2 * narrower if self.bias else 0)
+        return -self.n_layers * saved_per_layer + gpt_param_count(
             n_layers=self.n_layers,
             d_model=self.d_model,
             vocab_size=self.vocab_size,
@@ -80,6 +106,28 @@ class GPTConfig:
             d_ff=self.d_ff,
             tie_embeddings=self.tie_embeddings,
             bias=self.bias,
+        )
+
+    def check_parallel(
+        self,
+        layout: object | None = None,
+        *,
+        tp: int | None = None,
+        cp: int | None = None,
+        pp: int | None = None,
+        ep: int | None = None,
+        cp_style: str = "ring",
+        n_experts: int | None = None,
+    ) -> None:
+        """Refuse a parallel layout this model cannot take, saying what to change.
+
+        See :func:`dtlab.models.validate_layout`; usable as ``Layout.check(world,
+        model_check=config.check_parallel)``.
+        """
+        from dtlab.models.layout_check import validate_layout
+
+        validate_layout(
+            self, layout, tp=tp, cp=cp, pp=pp, ep=ep, cp_style=cp_style, n_experts=n_experts
         )
 
     @classmethod
