@@ -120,6 +120,7 @@ def gpt_param_count(
     d_ff: int | None = None,
     tie_embeddings: bool = True,
     bias: bool = True,
+    kv_width: int | None = None,
 ) -> int:
     """The exact number of parameters of ``dtlab.models.GPT`` with this shape.
 
@@ -128,10 +129,14 @@ def gpt_param_count(
     (``2d`` each, ``d`` without bias). Outside the blocks: token embedding ``vocab·d``, learned
     positions ``seq_len·d``, the final LayerNorm, and an untied LM head ``vocab·d`` (a tied head
     shares the embedding's matrix and adds nothing). GPT-2 small: 124,439,808.
+
+    Grouped-query attention (Ainslie et al. 2023) narrows the k and v projections to
+    ``kv_width = n_kv_heads · head_dim`` outputs: attention is then ``2·d² + 2·d·kv_width``.
     """
     d_ff = 4 * d_model if d_ff is None else d_ff
+    kv_width = d_model if kv_width is None else kv_width
     norm = 2 * d_model if bias else d_model
-    attention = 4 * d_model * d_model + (4 * d_model if bias else 0)
+    attention = 2 * d_model * (d_model + kv_width) + (2 * (d_model + kv_width) if bias else 0)
     mlp = 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
     per_block = attention + mlp + 2 * norm
     embeddings = vocab_size * d_model + seq_len * d_model

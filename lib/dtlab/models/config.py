@@ -95,10 +95,7 @@ class GPTConfig:
         """Exact parameter count of ``GPT(self)`` with dense MLPs (tied weights counted once)."""
         from dtlab.cost.flops import gpt_param_count
 
-        # The cost formula assumes d-wide k/v projections; GQA narrows both to kv_width.
-        narrower = self.d_model - self.kv_width
-        saved_per_layer = 2 * narrower * self.d_model + (2 * narrower if self.bias else 0)
-        return -self.n_layers * saved_per_layer + gpt_param_count(
+        return gpt_param_count(
             n_layers=self.n_layers,
             d_model=self.d_model,
             vocab_size=self.vocab_size,
@@ -106,6 +103,7 @@ class GPTConfig:
             d_ff=self.d_ff,
             tie_embeddings=self.tie_embeddings,
             bias=self.bias,
+            kv_width=self.kv_width,
         )
 
     def check_parallel(
