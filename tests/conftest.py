@@ -2,6 +2,9 @@
 
 Starting ranks costs about a second; a session-scoped cluster per world size keeps the suite lean.
 A test that breaks its cluster on purpose (hang, crash) must use its own ``Cluster``.
+
+Tests marked ``gpu`` (``pytest -m gpu`` selects them) are skipped on a machine without CUDA, so
+the default run reports them as skipped — never as passed — even if a file forgets its own skip.
 """
 
 from __future__ import annotations
@@ -20,9 +23,20 @@ import torch  # noqa: E402
 
 from dtlab import Cluster  # noqa: E402
 
+pytest_plugins = ["pytester"]  # test_runtime_gpu_marker runs a small inner pytest
+
 # The test process computes single-process references while rank processes run beside it on the
 # same cores; one intra-op thread each avoids oversubscribing a small machine.
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 def _make_cluster(world_size: int):

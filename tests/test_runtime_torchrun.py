@@ -8,11 +8,12 @@ import sys
 import textwrap
 
 import dtlab
+from dtlab.runtime.devices import loopback_interface
 from dtlab.runtime.hang import describe_blocking_call
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import torch, torch.distributed as dist
     import dtlab
 
@@ -20,7 +21,8 @@ SCRIPT = textwrap.dedent(
         t = torch.tensor([float(dtlab.rank())])
         with dtlab.trace.span("allreduce", kind="comm", nbytes=4):
             dist.all_reduce(t)
-        return {"rank": dtlab.rank(), "world": dtlab.world_size(), "sum": t.item() * scale}
+        return {"rank": dtlab.rank(), "world": dtlab.world_size(), "sum": t.item() * scale,
+                "listen_on": os.environ.get("GLOO_SOCKET_IFNAME")}
 
     if __name__ == "__main__":
         out = dtlab.launch(rank_sum, 2.0, world_size=2)
@@ -49,7 +51,9 @@ def test_launch_under_torchrun_gathers_every_rank(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = _result_line(done.stdout)
-    assert result["values"] == [{"rank": r, "world": 2, "sum": 2.0} for r in range(2)]
+    # --standalone: one node, so gloo listens on loopback only, as in a Cluster.
+    expected = {"world": 2, "sum": 2.0, "listen_on": loopback_interface()}
+    assert result["values"] == [{"rank": r, **expected} for r in range(2)]
     assert result["spans"] == 2
 
 
@@ -60,7 +64,9 @@ def test_launch_without_torchrun_uses_a_local_cluster(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _result_line(done.stdout)["values"][1] == {"rank": 1, "world": 2, "sum": 2.0}
+    assert _result_line(done.stdout)["values"][1] == {
+        "rank": 1, "world": 2, "sum": 2.0, "listen_on": loopback_interface()
+    }  # fmt: skip
 
 
 def test_launch_needs_world_size_outside_torchrun():
@@ -106,6 +112,6 @@ def test_stack_dump_names_our_collective_when_it_waits_on_a_message():
         '  File "/x/dtlab/collectives/allreduce.py", line 230 in all_reduce\n',
     )
     assert describe_blocking_call(dump) == (
-        "blocked in dtlab.collectives all_reduce (waiting in _run_streaming), "
+        "blocked in dtlab.collectives.all_reduce (waiting in _run_streaming), "
         "called from mismatched (/tmp/ipykernel_1/123.py:4)"
     )

@@ -28,6 +28,7 @@ __all__ = [
     "Cluster",
     "RankError",
     "ClusterTimeout",
+    "UnfinishedWork",
     "launch",
     "rank",
     "world_size",
@@ -43,11 +44,14 @@ __all__ = [
 
 _SUBMODULES = {
     "collectives",
+    "comm",
     "config",
     "cost",
     "memory",
+    "mesh",
     "models",
     "parallel",
+    "precision",
     "quiz",
     "trace",
     "viz",
@@ -57,7 +61,8 @@ _SUBMODULES = {
 
 def __getattr__(name: str):
     # Submodules and the Cluster load on first use, so `import dtlab` stays quick.
-    if name in ("Cluster", "RankError", "ClusterTimeout", "RankDied", "launch", "RunResult"):
+    runtime_names = ("Cluster", "RankError", "ClusterTimeout", "RankDied", "UnfinishedWork")
+    if name in (*runtime_names, "launch", "RunResult"):
         from dtlab import runtime
 
         return getattr(runtime, name)

@@ -7,6 +7,7 @@ from dtlab.runtime.errors import (
     RankDied,
     RankError,
     ResultNotPicklable,
+    UnfinishedWork,
 )
 from dtlab.runtime.torchrun import init_from_env, launch, running_under_torchrun
 
@@ -18,6 +19,7 @@ __all__ = [
     "RankDied",
     "RankError",
     "ResultNotPicklable",
+    "UnfinishedWork",
     "launch",
     "init_from_env",
     "running_under_torchrun",

@@ -13,38 +13,33 @@ What happens where:
   (mode 0700, no TCP port to race for) and keeps it for the Cluster's lifetime.
 * ``run(fn, ...)`` cloudpickles ``fn`` (so lambdas and closures from a notebook cell work), sends it
   to every rank over a Unix pipe, and waits for all of them. Results come back in rank order.
-* If a rank raises, the caller gets :class:`RankError` with that rank's traceback. If ranks hang
-  past ``timeout``, their Python stacks are dumped and :class:`ClusterTimeout` names the collective
-  each was stuck in. If a rank dies, :class:`RankDied` names it. After a hang or a death the pool
-  is killed and a fresh one starts on the next ``run``.
+* If a rank raises, the caller gets :class:`RankError` with that rank's traceback, once the other
+  ranks have finished or are provably stuck. A rank is stuck when it waits in a collective or
+  send/recv that a peer, already returned, never posted (:mod:`dtlab.runtime.watch`); then, or
+  when ``timeout`` passes, :class:`ClusterTimeout` names the call each rank was blocked in, its
+  process group, the dtlab API and the user's line. A function that returns with an ``isend`` or
+  ``irecv`` that can never complete raises :class:`UnfinishedWork` (it would poison the next run).
+  If a rank dies, :class:`RankDied` names it. After any of these but a plain error, the pool is
+  killed and a fresh one starts on the next ``run``.
+* Ranks listen only on the loopback interface (``GLOO_SOCKET_IFNAME``, unless you set it).
 * ``close()``, garbage collection, interpreter exit and a kernel interrupt during ``run`` all kill
   every rank process: nothing is left behind.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
 import tempfile
 import time
 import weakref
-from multiprocessing.connection import wait
 
 import cloudpickle
 
 from dtlab.runtime.devices import choose_placement
-from dtlab.runtime.errors import (
-    ClusterTimeout,
-    RankDied,
-    RankError,
-    ResultNotPicklable,
-)
-from dtlab.runtime.hang import describe_blocking_call
+from dtlab.runtime.errors import RankError
 from dtlab.runtime.pool import RankPool, remove_workdir
+from dtlab.runtime.watch import RunWatch
 from dtlab.trace import Trace
-
-# After one rank raises, how long the others get to finish before we call them stuck.
-_ERROR_GRACE_S = 2.0
 
 
 class RunResult(list):
@@ -62,17 +57,6 @@ def _shutdown(pool_holder: list, workdir: str) -> None:
             pool.stop(grace_s=2.0)
     pool_holder.clear()
     remove_workdir(workdir)
-
-
-def _signal_name(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
 
 
 class Cluster:
@@ -205,107 +189,17 @@ class Cluster:
             for conn in self._pool.conns:
                 conn.send(("run", self._call_id, payload, sys_path))
             self._sent_sys_path = list(sys.path)
-            replies = self._collect(self._call_id)
+            watch = RunWatch(
+                self._pool, self.world_size, self._call_id, self.timeout, self._discard_pool
+            )
+            replies = watch.collect()
+        except RankError:
+            raise  # every rank has replied (or the watch restarted the pool): nothing is in flight
         except BaseException:
             # KeyboardInterrupt or an error: ranks may be mid-collective, so start over.
             self._discard_pool()
             raise
-        values = [cloudpickle.loads(data) for (_, _, data, _) in replies]
-        result_trace = Trace.from_rank_spans([spans for (*_, spans) in replies])
+        values = [cloudpickle.loads(reply[2]) for reply in replies]
+        result_trace = Trace.from_rank_spans([reply[3] for reply in replies])
         self.last_trace = result_trace
         return RunResult(values, result_trace, time.perf_counter() - started)
-
-    def _collect(self, call_id: int) -> list[tuple]:
-        pool = self._pool
-        replies: list[tuple | None] = [None] * self.world_size
-        pending = set(range(self.world_size))
-        first_error: int | None = None
-        deadline = time.monotonic() + self.timeout
-        while pending:
-            waitables = [pool.conns[r] for r in pending] + [pool.procs[r].sentinel for r in pending]
-            ready = wait(waitables, timeout=max(0.0, deadline - time.monotonic()))
-            for rank in sorted(pending):
-                if pool.conns[rank] in ready:
-                    try:
-                        reply = pool.conns[rank].recv()
-                    except (EOFError, OSError):
-                        self._raise_rank_died(rank, replies)  # its end of the pipe closed
-                    if reply[1] != call_id:
-                        continue
-                    replies[rank] = reply
-                    pending.discard(rank)
-                    if reply[0] == "error" and first_error is None:
-                        first_error = rank
-                        deadline = min(deadline, time.monotonic() + _ERROR_GRACE_S)
-                elif pool.procs[rank].sentinel in ready:
-                    self._raise_rank_died(rank, replies)
-            if pending and not ready:
-                if first_error is not None:
-                    self._raise_rank_error(first_error, replies, stuck=sorted(pending))
-                self._raise_timeout(sorted(pending))
-        if first_error is not None:
-            self._raise_rank_error(first_error, replies, stuck=[])
-        return replies
-
-    def _raise_rank_error(self, rank: int, replies: list, stuck: list[int]) -> None:
-        exc_type, message, remote_tb, what = replies[rank][2]
-        failed = [r for r, rep in enumerate(replies) if rep is not None and rep[0] == "error"]
-        note_lines = []
-        if len(failed) > 1:
-            note_lines.append(f"ranks {failed} all raised; showing rank {rank}.")
-        if stuck:
-            descriptions = self._describe(stuck)
-            self._discard_pool()
-            note_lines.append(
-                f"ranks {stuck} were left waiting on it "
-                + "; ".join(f"(rank {r}: {d})" for r, d in descriptions.items())
-                + ". The cluster was restarted; the next run starts fresh ranks."
-            )
-        note = "\n".join(note_lines)
-        if what == "unpicklable":
-            raise ResultNotPicklable(
-                rank,
-                exc_type,
-                f"the value returned on rank {rank} could not be sent back ({message}). Return "
-                f"tensors, numbers, strings and lists/dicts of them.",
-                remote_tb,
-                note,
-            )
-        raise RankError(rank, exc_type, message, remote_tb, note)
-
-    def _describe(self, ranks: list[int]) -> dict[int, str]:
-        dumps = self._pool.dump_stacks(ranks)
-        return {r: describe_blocking_call(dumps.get(r, "")) for r in ranks}
-
-    def _raise_timeout(self, pending: list[int]) -> None:
-        descriptions = self._describe(pending)
-        finished = [r for r in range(self.world_size) if r not in pending]
-        self._discard_pool()
-        lines = [f"ranks {pending} did not finish within {self.timeout:g} s."]
-        lines += [f"  rank {r}: {d}" for r, d in descriptions.items()]
-        if finished:
-            lines.append(f"  ranks {finished} finished.")
-        lines.append(
-            "A collective completes only when every rank in its group calls it with matching "
-            "shapes, in the same order; a send waits for its recv. The cluster was restarted; "
-            "the next run starts fresh ranks."
-        )
-        raise ClusterTimeout("\n".join(lines), descriptions)
-
-    def _raise_rank_died(self, rank: int, replies: list) -> None:
-        pool = self._pool
-        proc = pool.procs[rank]
-        proc.join(timeout=2.0)
-        exitcode = proc.exitcode
-        others = [r for r in range(self.world_size) if r != rank and replies[r] is None]
-        self._discard_pool()
-        hint = ""
-        if exitcode == -signal.SIGKILL:
-            hint = " (SIGKILL: killed from outside, often by the out-of-memory killer)"
-        raise RankDied(
-            f"rank {rank} (pid {pool.pids[rank]}) {_signal_name(exitcode)}{hint} during the run."
-            + (f" Ranks {others} had not finished." if others else "")
-            + " The cluster was restarted; the next run starts fresh ranks.",
-            rank,
-            exitcode,
-        )

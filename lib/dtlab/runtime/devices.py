@@ -1,7 +1,9 @@
-"""Pick the backend and device for a Cluster: NCCL with one rank per GPU, else gloo on CPU."""
+"""Pick the backend and device for a Cluster (NCCL with one rank per GPU, else gloo on CPU), and
+the network interface its ranks listen on."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -39,3 +41,20 @@ def choose_placement(device: str, world_size: int) -> Placement:
     if device == "auto" and gpus >= world_size:
         return Placement("nccl", "cuda")
     return Placement("gloo", "cpu")
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on macOS),
+    or ``None`` when it cannot be found. Linux marks it with IFF_LOOPBACK (0x8) in sysfs."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if int(f.read(), 16) & 0x8:
+                    return name
+        except (OSError, ValueError):
+            continue
+    return next((n for n in ("lo", "lo0") if n in names), None)

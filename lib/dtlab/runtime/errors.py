@@ -33,14 +33,30 @@ class ResultNotPicklable(RankError):
 
 
 class ClusterTimeout(ClusterError):
-    """Some ranks did not finish within the timeout (a hang: mismatched collective, deadlock).
+    """Some ranks did not finish: a hang (mismatched collective, deadlock). Raised when the
+    timeout passes, or at once when a rank is blocked on a peer that has already returned
+    without posting its side (that wait can never end).
 
     ``pending`` maps each unfinished rank to what it was doing, e.g.
-    ``{1: "torch.distributed.all_reduce, called from fn (cell line 3)"}``.
+    ``{1: "blocked in torch.distributed.all_reduce over ranks [0, 1], called from fn (cell:3)"}``.
     """
 
     def __init__(self, message: str, pending: dict[int, str]):
         self.pending = pending
+        super().__init__(message)
+
+
+class UnfinishedWork(ClusterError):
+    """The function returned on every rank, but left communication that can never finish: an
+    ``isend``/``irecv`` (or ``async_op=True`` collective) whose peer never posted its side. Left
+    alone it would be matched by the *next* run's messages, so the Cluster restarts instead.
+
+    ``unfinished`` maps each rank to its unfinished operations, e.g.
+    ``{0: ["torch.distributed.isend to rank 1 over ranks [0, 1], started at fn (cell:3)"]}``.
+    """
+
+    def __init__(self, message: str, unfinished: dict[int, list[str]]):
+        self.unfinished = unfinished
         super().__init__(message)
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 
+from dtlab.runtime.devices import loopback_interface
+from dtlab.runtime.hang import dump_is_complete
 from dtlab.runtime.worker import WorkerSpec, worker_main
 
 # Imported once in the forkserver, so each rank starts with torch already loaded.
@@ -43,6 +45,26 @@ def _main_module_hidden() -> Iterator[None]:
             setattr(main, attr, value)
 
 
+def rank_environment(rank: int, world_size: int, user_env: dict, parent_env=os.environ) -> dict:
+    """The variables every rank of a single-machine Cluster starts with.
+
+    gloo listens on the interface ``GLOO_SOCKET_IFNAME`` names, else on the address the host
+    name resolves to — often a public one. All ranks share this machine, so they listen on the
+    loopback interface and nothing outside can reach them; a value the user set (in ``env`` or
+    in this process's environment) wins.
+    """
+    env = {
+        "RANK": rank,
+        "LOCAL_RANK": rank,
+        "WORLD_SIZE": world_size,
+        "LOCAL_WORLD_SIZE": world_size,
+    }
+    interface = parent_env.get("GLOO_SOCKET_IFNAME") or loopback_interface()
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = interface
+    return {**env, **user_env}
+
+
 def _forkserver_context() -> mp.context.BaseContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
@@ -50,7 +72,8 @@ def _forkserver_context() -> mp.context.BaseContext:
 
 
 class RankPool:
-    """N live rank processes with one pipe each, plus their private rendezvous directory."""
+    """N live rank processes, two pipes each (commands; status questions), plus their private
+    rendezvous directory."""
 
     def __init__(
         self,
@@ -69,18 +92,14 @@ class RankPool:
         ]
         self.procs: list[mp.Process] = []
         self.conns: list[Connection] = []
+        self.diag: list[Connection] = []
         self.pids: list[int] = []
+        self._questions = 0
         ctx = _forkserver_context()
         init_method = f"file://{os.path.join(workdir, f'rendezvous.g{generation}')}"
         try:
             for rank in range(world_size):
-                rank_env = {
-                    "RANK": rank,
-                    "LOCAL_RANK": rank,
-                    "WORLD_SIZE": world_size,
-                    "LOCAL_WORLD_SIZE": world_size,
-                    **env,
-                }
+                rank_env = rank_environment(rank, world_size, env)
                 spec = WorkerSpec(
                     rank,
                     world_size,
@@ -92,17 +111,20 @@ class RankPool:
                     rank_env,
                 )
                 parent_end, child_end = ctx.Pipe(duplex=True)
+                diag_end, child_diag = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(spec, child_end),
+                    args=(spec, child_end, child_diag),
                     daemon=True,
                     name=f"dtlab-rank{rank}",
                 )
                 with _main_module_hidden():
                     proc.start()
                 child_end.close()
+                child_diag.close()
                 self.procs.append(proc)
                 self.conns.append(parent_end)
+                self.diag.append(diag_end)
             self._wait_ready(start_timeout_s)
         except BaseException:
             self.kill()
@@ -133,23 +155,66 @@ class RankPool:
     def alive(self) -> bool:
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
-    def dump_stacks(self, ranks: list[int], settle_s: float = 1.0) -> dict[int, str]:
-        """Ask ``ranks`` to write their Python stacks (faulthandler on SIGUSR1) and read them."""
+    def ask_status(self, rank: int) -> int:
+        """Ask ``rank`` what it is doing; the answer ``(number, status)`` arrives on
+        ``self.diag[rank]`` and carries the returned number (older answers are stale)."""
+        self._questions += 1
+        with suppress(OSError, ValueError):
+            self.diag[rank].send(("status", self._questions))
+        return self._questions
+
+    def statuses(self, ranks: list[int], bound_s: float = 2.0) -> dict[int, dict]:
+        """Each rank's current status, waiting at most ``bound_s`` for the answers. A rank whose
+        main thread holds the GIL in native code cannot answer and is left out."""
+        asked = {r: self.ask_status(r) for r in ranks}
+        answers: dict[int, dict] = {}
+        deadline = time.monotonic() + bound_s
+        while len(answers) < len(asked):
+            waiting = [self.diag[r] for r in asked if r not in answers]
+            ready = wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for r in asked:
+                if self.diag[r] in ready:
+                    try:
+                        number, status = self.diag[r].recv()
+                    except (EOFError, OSError):
+                        answers[r] = {}
+                        continue
+                    if number == asked[r]:
+                        answers[r] = status
+        return {r: s for r, s in answers.items() if s}
+
+    def cpu_seconds(self, rank: int) -> float | None:
+        """CPU time the rank's process has used, all threads (``None`` where /proc is missing)."""
+        try:
+            with open(f"/proc/{self.procs[rank].pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def dump_stacks(self, ranks: list[int], bound_s: float = 2.0) -> dict[int, str]:
+        """Ask ``ranks`` to write their Python stacks (faulthandler on SIGUSR1) and read them,
+        each as soon as it is complete (:func:`~dtlab.runtime.hang.dump_is_complete`)."""
         sizes = {r: _size(self.stack_paths[r]) for r in ranks}
         for r in ranks:
             if self.procs[r].is_alive():
                 os.kill(self.procs[r].pid, signal.SIGUSR1)
-        deadline = time.monotonic() + settle_s
+        deadline = time.monotonic() + bound_s
         dumps: dict[int, str] = {}
-        while time.monotonic() < deadline and len(dumps) < len(ranks):
-            time.sleep(0.05)
+        pause = 0.001
+        while True:
             for r in ranks:
-                if r not in dumps and _size(self.stack_paths[r]) > sizes[r]:
-                    time.sleep(0.05)  # let the handler finish writing
+                if _size(self.stack_paths[r]) > sizes[r]:
                     with open(self.stack_paths[r]) as f:
                         f.seek(sizes[r])
                         dumps[r] = f.read()
-        return dumps
+            done = all(dump_is_complete(dumps.get(r, "")) for r in ranks)
+            if done or time.monotonic() >= deadline:
+                return dumps
+            time.sleep(pause)  # a signal handler writes the file: nothing to wait on but its size
+            pause = min(pause * 2, 0.05)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Polite shutdown: ask every rank to leave the group, then kill whoever is left."""
@@ -169,9 +234,9 @@ class RankPool:
                     os.kill(proc.pid, signal.SIGKILL)
         for proc in self.procs:
             proc.join(timeout=5.0)
-        for conn in self.conns:
+        for conn in [*self.conns, *self.diag]:
             conn.close()
-        self.procs, self.conns = [], []
+        self.procs, self.conns, self.diag = [], [], []
 
 
 def _size(path: str) -> int:

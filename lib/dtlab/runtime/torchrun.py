@@ -11,6 +11,10 @@ A training script written for the labs ends with::
   ``launch`` joins the process group from torchrun's environment (``env://``: RANK, WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT, LOCAL_RANK), runs ``train`` once, and all-gathers every rank's result,
   so both paths return the same list in rank order.
+
+When every rank runs on this one machine (``LOCAL_WORLD_SIZE == WORLD_SIZE``, e.g.
+``torchrun --standalone``), gloo listens on the loopback interface only, as in a Cluster; across
+nodes it must listen where the other nodes can reach it, so ``GLOO_SOCKET_IFNAME`` is left to you.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab import trace
+from dtlab.runtime.devices import loopback_interface
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -48,6 +53,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> str:
         backend = "nccl" if has_gpu else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
+    _listen_on_loopback_if_single_node()
     dist.init_process_group(
         backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s)
     )
@@ -58,6 +64,14 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> str:
     if calibrate is not None:
         calibrate()
     return backend
+
+
+def _listen_on_loopback_if_single_node() -> None:
+    """Single node: gloo listens on loopback only (a ``GLOO_SOCKET_IFNAME`` you set wins)."""
+    single_node = os.environ.get("LOCAL_WORLD_SIZE", "") == os.environ.get("WORLD_SIZE", "-")
+    interface = loopback_interface()
+    if single_node and interface and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
 def _leave_process_group() -> None:

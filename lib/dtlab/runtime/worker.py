@@ -5,7 +5,15 @@ milliseconds, and the notebook kernel itself never forks after CUDA init). The n
 worker talk over a private ``multiprocessing`` pipe (a Unix socketpair: no network address).
 
 Messages, notebook → worker: ``("run", call_id, payload, sys_path)`` and ``("stop",)``.
-Worker → notebook: ``("ready", rank, pid)``, then per call ``("ok"|"error", call_id, data, spans)``.
+Worker → notebook: ``("ready", rank, pid)``, then per call ``("ok"|"error", call_id, data, spans,
+counts)``. When the function returns with communication still unfinished (an ``isend`` never
+waited for), ``("draining", call_id, report)`` comes first: the rank waits for that work before it
+replies, and the Cluster decides from every rank's counts whether it can ever finish.
+
+A second pipe serves a helper thread that answers ``("status", n)`` with
+:func:`dtlab.runtime.inflight.snapshot` at any time, even while the main thread is blocked in C++
+inside a collective (which releases the GIL): that is how the Cluster tells a rank blocked on a
+peer from one still computing.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -25,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab import trace
-from dtlab.runtime import context
+from dtlab.runtime import context, inflight
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,23 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
         except PermissionError:
             pass
+
+
+def _answer_status(diag) -> None:
+    """Helper thread: report what the main thread is doing, whenever the Cluster asks."""
+    while True:
+        try:
+            _, number = diag.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            status = inflight.snapshot()
+        except Exception:  # an answer the Cluster cannot use: it falls back to a stack dump
+            status = {}
+        try:
+            diag.send((number, status))
+        except (EOFError, OSError):
+            return
 
 
 def _to_cpu(value):
@@ -94,46 +120,54 @@ def _init_process_group(spec: WorkerSpec) -> None:
         calibrate()
 
 
-def _run_one(spec: WorkerSpec, call_id: int, payload: bytes) -> tuple:
+def _run_one(spec: WorkerSpec, call_id: int, payload: bytes, conn) -> tuple:
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
     except Exception:
-        return (
-            "error",
-            call_id,
-            (
-                "RuntimeError",
-                "could not unpickle the function on this rank",
-                traceback.format_exc(),
-                "unpickle",
-            ),
-            [],
-        )
+        error = ("RuntimeError", "could not unpickle the function on this rank")
+        return ("error", call_id, (*error, traceback.format_exc(), "unpickle"), [], {})
     trace.begin_call(spec.rank)
+    inflight.begin_run()
     try:
         result = _call_user_function(fn, args, kwargs)
+        outcome = None
     except BaseException as exc:  # report everything, including SystemExit from user code
+        outcome = (type(exc).__name__, str(exc), _user_traceback(exc), "raised")
+    finally:
         spans = trace.end_call()
-        return (
-            "error",
-            call_id,
-            (type(exc).__name__, str(exc), _user_traceback(exc), "raised"),
-            spans,
-        )
-    spans = trace.end_call()
+        # Work left in flight would be matched by the next run's messages: finish it first.
+        unfinished = inflight.unfinished()
+        if unfinished:
+            conn.send(("draining", call_id, inflight.report(unfinished)))
+            inflight.drain(unfinished)
+        counts = inflight.end_run()
+    if outcome is not None:
+        return ("error", call_id, outcome, spans, counts)
     try:
         data = cloudpickle.dumps(_to_cpu(result))
     except Exception as exc:
-        return (
-            "error",
-            call_id,
-            (type(exc).__name__, str(exc), traceback.format_exc(), "unpicklable"),
-            spans,
-        )
-    return ("ok", call_id, data, spans)
+        outcome = (type(exc).__name__, str(exc), traceback.format_exc(), "unpicklable")
+        return ("error", call_id, outcome, spans, counts)
+    return ("ok", call_id, data, spans, counts)
 
 
-def worker_main(spec: WorkerSpec, conn) -> None:
+def _leave_process_group() -> None:
+    """Leave together, quietly. The barrier keeps a rank from closing its sockets while a peer
+    still talks on them; gloo may still abort in C++ while tearing down ("terminate called
+    without an active exception"), after every result was delivered: that is no crash of the
+    user's work, so this rank's stderr goes to /dev/null for the teardown."""
+    context._forget_groups()
+    inflight.forget_groups()
+    if not dist.is_initialized():
+        return
+    with suppress(Exception):  # a peer that died makes the barrier raise: leave anyway
+        dist.barrier()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    dist.destroy_process_group()
+
+
+def worker_main(spec: WorkerSpec, conn, diag) -> None:
     """Entry point of a rank process (runs until told to stop or the parent goes away)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook handles interrupts for everyone
     stack_file = open(spec.stack_dump_path, "a")  # noqa: SIM115 - must outlive this frame
@@ -143,6 +177,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     os.environ.update({k: str(v) for k, v in spec.env.items()})
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
     _init_process_group(spec)
+    inflight.install()
+    threading.Thread(target=_answer_status, args=(diag,), daemon=True).start()
     conn.send(("ready", spec.rank, os.getpid()))
 
     try:
@@ -156,9 +192,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             _, call_id, payload, sys_path = message
             if sys_path is not None:
                 sys.path[:] = sys_path
-            conn.send(_run_one(spec, call_id, payload))
+            conn.send(_run_one(spec, call_id, payload, conn))
+        _leave_process_group()
     finally:
-        context._forget_groups()
-        if dist.is_initialized():
-            dist.destroy_process_group()
         conn.close()
