@@ -119,10 +119,11 @@ dtlab.viz.timeline(res.trace, title="Compute, then all-reduce, on every rank")
 #   from *that* process — not a generic "child failed".
 # * **A rank waits forever.** A collective finishes only when every rank of its group calls it,
 #   in the same order with matching shapes. If rank 0 skips a broadcast that rank 1 enters,
-#   rank 1 blocks inside C++ until a timeout. In production that is NCCL's watchdog timeout
+#   rank 1 blocks inside C++ for good. In production that ends at NCCL's watchdog timeout
 #   (minutes) and usually means a rank took another code path, crashed, or is a straggler —
-#   not a bug in NCCL. Here a `ClusterTimeout` names each stuck rank and the call it is
-#   blocked in, and the cluster restarts its ranks.
+#   not a bug in NCCL. Here the cluster sees that rank 0 has already returned without posting
+#   its side, so it does not wait for the timeout: a `ClusterTimeout` at once names each stuck
+#   rank, the call and group it is blocked in and your line, and the cluster restarts its ranks.
 #
 # Look for: the rank number and the `ValueError` line in the first message; `broadcast` and
 # the function name in the second.
