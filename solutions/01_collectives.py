@@ -37,6 +37,7 @@ from dtlab.cost import (
     hierarchical_all_reduce_time,
 )
 from dtlab.quiz import ask, check_exercise
+from dtlab.runtime.devices import visible_gpu_count
 
 dtlab.viz.setup_notebook()
 FAST = fast_mode()
@@ -45,10 +46,11 @@ FAST = fast_mode()
 # ## 1. Four ranks
 #
 # Four ranks make every picture below non-trivial (a ring of 2 is just a swap). On a laptop
-# they are four CPU processes talking gloo over loopback TCP; on a GPU box, one per GPU over NCCL.
+# they are four CPU processes passing messages over loopback TCP; on a GPU box, one process per
+# GPU. The code is the same either way; the cell prints which backend carries the messages.
 
 # %%
-WORLD_SIZE = 4 if FAST else max(4, torch.cuda.device_count())
+WORLD_SIZE = 4 if FAST else max(4, visible_gpu_count())
 cluster = dtlab.Cluster(WORLD_SIZE)
 print(f"{WORLD_SIZE} ranks on {cluster.backend}")
 
@@ -88,7 +90,8 @@ cluster.run(swap_with_neighbours)
 #
 # - **flat broadcast**: one row full (the root sends to everyone);
 # - **binomial broadcast**: rank 0 sends `log₂N` times, rank 1 once — a tree;
-# - **ring all-reduce**: only the diagonal above the main one — each rank talks to its right neighbour;
+# - **ring all-reduce**: the diagonal above the main one — each rank talks to its right
+#   neighbour — plus the bottom-left corner: rank N-1 sends to rank 0, closing the ring;
 # - **recursive doubling**: partners at distance 1, then 2 — a butterfly;
 # - **pairwise all-to-all**: everyone to everyone, nothing to itself.
 
@@ -143,8 +146,11 @@ dtlab.viz.timeline(res.trace, title=f"Ring all-reduce of 1 MiB on {WORLD_SIZE} r
 # Write `ring_all_reduce(tensor)`: sum `tensor` over all ranks, **in place**, using only
 # `dist.isend`/`dist.irecv` (or `dist.batch_isend_irecv`). It must work for any world size and any
 # length — `torch.tensor_split(flat, n)` cuts a buffer into `n` chunks even when `n` does not divide
-# it. The grader runs it on 3 ranks with lengths 1, 7, 12 and 1001 and switches `dist.all_reduce`
-# off while it does.
+# it. The grader runs it on this lab's cluster (4 ranks on a laptop) with lengths 1, 7, 12 and
+# 1001. While it runs, every built-in collective (`dist.all_reduce`, but also `dist.reduce`,
+# `dist.broadcast`, `dist.all_gather`, …) and `dtlab.collectives` are switched off, and it counts
+# the bytes your messages carry: each rank must send `2(N-1)/N·M`, to its ring neighbours only.
+# Everything through rank 0 gives the right sum with the wrong traffic, and fails.
 
 
 # %%
@@ -179,7 +185,8 @@ check_exercise("collectives.ring_all_reduce", ring_all_reduce, cluster)
 #
 # Write `ring_all_gather(chunk)`: every rank passes in one chunk (all the same length); return
 # all `N` chunks concatenated in rank order. In step `s`, forward chunk `r - s` to the right and
-# receive chunk `r - s - 1` from the left.
+# receive chunk `r - s - 1` from the left. Graded the same way: messages only, and each rank
+# sends `(N-1)/N·M` bytes (`M` the gathered buffer), to its neighbours only.
 
 
 # %%
@@ -259,10 +266,11 @@ dtlab.viz.bandwidth_curve(records, summary)
 #
 # Section 4 drew the textbook ring: every step waits for a whole chunk to land and be added
 # before anything moves on, so the link idles while the rank adds and the adder idles while the
-# link moves. NCCL and gloo cut each chunk into **segments** and forward a segment the moment it
-# has been added in, with several receives posted ahead. The bytes are the same; the steps
-# overlap. `C.all_reduce(algorithm="ring")` does this with 4 MiB segments — that is how it keeps
-# up with the built-in all-reduce above. Below, a 4 MiB buffer is forced into 8 segments per chunk.
+# link moves. Production libraries (NCCL on GPUs, torch's CPU backend too) cut each chunk into
+# **segments** and forward a segment the moment it has been added in, with several receives
+# posted ahead. The bytes are the same; the steps overlap. `C.all_reduce(algorithm="ring")` does
+# this with 4 MiB segments — that is how it keeps up with the built-in all-reduce above. Below, a
+# 4 MiB buffer is forced into 8 segments per chunk.
 #
 # Look for: identical bytes, 8× the messages, and steps that overlap (step `t+1` starts before
 # step `t` has ended: its first segment is on its way while the last ones of step `t` land).
@@ -390,6 +398,26 @@ for nodes in (2, 4, 16):
 # A slow network makes steps slower; it does not make one take ten minutes. Find the rank whose
 # last collective differs. The dtlab Cluster does exactly that when a run hangs.
 #
+# One kind of desynchronisation need not hang at all: ranks that reach the *same* collective
+# with *different* sizes. Before it moves any data, every collective in `dtlab.collectives`
+# all-gathers a small descriptor of the call (a control message: drawn as its own span, not
+# counted in the bytes above), so every rank fails at once with the sizes in the message. Below, rank `r` all-reduces `1000 + r` elements. Look for: an error, not a
+# ten-minute wait, naming each rank's length.
+
+
+# %%
+def lengths_that_disagree():
+    x = torch.ones(1000 + dtlab.rank())
+    try:
+        C.all_reduce(x)
+    except C.CollectiveMismatch as error:
+        return str(error)
+    return "no error"
+
+
+print(cluster.run(lengths_that_disagree)[0])
+
+# %% [markdown]
 # The model at full scale, from the cost module (compare 1 GiB over 32 GPUs):
 
 # %%

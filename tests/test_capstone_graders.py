@@ -1,4 +1,5 @@
-"""Lab 12's graders: wrong numbers, hard-coded answers, rank-dependent plans and bad plans fail."""
+"""Lab 12's graders: wrong numbers, hard-coded answers, rank-dependent plans, bad plans and the
+library's own answer (under any name) fail."""
 
 from __future__ import annotations
 
@@ -61,3 +62,42 @@ def test_memory_without_zero_sharding_fails_with_the_plan_named(cluster2):
 
     result = check_exercise("capstone.memory_per_gpu", no_zero, cluster2, record=False)
     assert not result and "zero_stage=3" in result.message
+
+
+def test_calling_the_library_answer_fails_under_any_name(cluster2):
+    from dtlab.cost import training_days as days
+    from dtlab.cost import young_daly_interval as interval_from_the_library
+    from dtlab.memory import model_state_bytes as state_bytes
+
+    def training_days(req):
+        peak = dtlab.cost.gpu(req.gpu).bf16_dense_flops
+        return days(req.tokens, req.params, req.n_gpus, peak, req.mfu)
+
+    def memory_per_gpu(params, plan):
+        shard = math.ceil(params / (plan.tp * plan.pp))
+        return float(state_bytes(shard, plan.dp, plan.zero_stage, "mixed_adam").total)
+
+    def checkpoint_interval_s(req):
+        write_s = 14 * req.params / req.storage_write_bytes_per_s
+        return interval_from_the_library(write_s, req.per_gpu_mtbf_hours * 3600 / req.n_gpus)
+
+    for exercise_id, fn, library in [
+        ("capstone.training_days", training_days, "dtlab.cost.training_days"),
+        ("capstone.memory_per_gpu", memory_per_gpu, "dtlab.memory.model_state_bytes"),
+        ("capstone.checkpoint_interval", checkpoint_interval_s, "dtlab.cost.young_daly_interval"),
+    ]:
+        result = check_exercise(exercise_id, fn, cluster2, record=False)
+        assert not result, f"{exercise_id} accepted {library}"
+        assert f"your function calls {library}, which computes this answer" in result.message
+
+
+def test_a_table_of_the_labs_answers_fails_on_jobs_the_lab_never_shows(cluster2):
+    from dtlab.quiz.graders.capstone import JOBS
+
+    table = {job.name: reference_training_days(job) for job in JOBS}
+
+    def looked_up(req):
+        return table.get(req.name, 0.0)
+
+    result = check_exercise("capstone.training_days", looked_up, cluster2, record=False)
+    assert not result and "34B on 512 H100: training days is 0.0" in result.message

@@ -35,6 +35,25 @@ def rank_sum_that_crashes():
     raise ValueError("shapes do not match")
 
 
+def rank_sum_from_the_closed_form():
+    """The right number on every rank, and not one byte moved."""
+    n = dist.get_world_size()
+    return torch.tensor([n * (n - 1) / 2])
+
+
+def rank_sum_by_all_gather():
+    mine = torch.tensor([float(dist.get_rank())])
+    everyone = [torch.empty(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return torch.cat(everyone).sum()
+
+
+def rank_sum_on_dtlab_rings():
+    from dtlab import collectives
+
+    return collectives.all_reduce(torch.tensor([float(dist.get_rank())]))
+
+
 def test_expected_rank_sum_is_the_closed_form():
     assert [expected_rank_sum(n) for n in (1, 2, 3, 4, 8)] == [0, 1, 3, 6, 28]
 
@@ -69,6 +88,21 @@ def test_wrong_function_fails_and_says_what_differed(cluster2):
     assert "differs on 1 of 2 ranks" in result.message
     assert "rank 0 returned 0.0, expected 1" in result.message
     assert "FAILED" in repr(result)
+
+
+def test_the_right_number_without_an_all_reduce_fails(cluster2):
+    closed_form = check_exercise(
+        "setup.rank_sum", rank_sum_from_the_closed_form, cluster2, record=False
+    )
+    assert not closed_form
+    assert closed_form.message.startswith("The result is right, but not the way the exercise asks")
+    assert "returned 1 without an all-reduce (it sent nothing)" in closed_form.message
+    gathered = check_exercise("setup.rank_sum", rank_sum_by_all_gather, cluster2, record=False)
+    assert not gathered and "(it called ['all_gather'])" in gathered.message
+
+
+def test_an_all_reduce_on_dtlab_rings_counts(cluster2):
+    assert check_exercise("setup.rank_sum", rank_sum_on_dtlab_rings, cluster2, record=False)
 
 
 def test_error_on_a_rank_names_the_rank_and_shows_its_traceback(cluster2):

@@ -14,12 +14,18 @@ Call them inside a function run on the Cluster (or under torchrun)::
 each entry is the public function with ``algorithm=name`` filled in. ``group`` may be ``None``
 (every rank), a process group or a list of global ranks; roots are indices *within* the group.
 Any world size, any length (chunks cut by the tensor_split rule), any dtype, sum/avg/max/min.
+
+Every public collective first checks that its ranks were asked the same thing — lengths,
+dtypes, roots, algorithms — with a small *control message* that is not counted in
+:func:`comm_stats` (:mod:`~dtlab.collectives.agreement`): ranks that disagree all raise
+:class:`CollectiveMismatch`, naming each rank's value, instead of hanging.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+from dtlab.collectives.agreement import CollectiveMismatch
 from dtlab.collectives.allgather import ALL_GATHERS, all_gather
 from dtlab.collectives.allreduce import ALL_REDUCES, all_reduce
 from dtlab.collectives.alltoall import all_to_all
@@ -55,6 +61,7 @@ ALGORITHMS: dict[str, dict[str, partial]] = {
 __all__ = [
     "ALGORITHMS",
     "REDUCE_OPS",
+    "CollectiveMismatch",
     "CommStats",
     "Peers",
     "all_gather",

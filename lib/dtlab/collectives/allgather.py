@@ -20,6 +20,12 @@ from collections.abc import Sequence
 
 import torch
 
+from dtlab.collectives.agreement import (
+    CallDescriptor,
+    CollectiveMismatch,
+    check_agreement,
+    describe_by_rank,
+)
 from dtlab.collectives.ops import chunk_bounds, flat_view, largest_power_of_two_at_most
 from dtlab.collectives.p2p import Group, Peers, peers_of
 
@@ -108,7 +114,9 @@ def all_gather(
 
     Chunks may differ in length across ranks: pass every rank's element count as ``sizes``
     (the same list on every rank). Without ``sizes`` every chunk is assumed as long as this one.
-    The result is a new tensor, or ``out`` (contiguous, ``sum(sizes)`` elements, the chunk's
+    The ranks compare their chunks' lengths first (a control message), so a wrong ``sizes`` or
+    unequal chunks without it raise :class:`~dtlab.collectives.agreement.CollectiveMismatch`
+    on every rank, naming each rank's length, instead of hanging. The result is a new tensor, or ``out`` (contiguous, ``sum(sizes)`` elements, the chunk's
     dtype) when given — as ``all_gather_into_tensor`` reuses its output, sparing a fresh buffer's
     page faults on every call.
     """
@@ -117,12 +125,35 @@ def all_gather(
             f"unknown all-gather algorithm {algorithm!r}; choose one of {list(ALL_GATHERS)}"
         )
     peers = peers_of(group)
-    sizes = list(sizes) if sizes is not None else [chunk.numel()] * peers.size
-    if len(sizes) != peers.size or sizes[peers.rank] != chunk.numel():
-        raise ValueError(
-            f"sizes {sizes} must list one element count per rank of the {peers.size}-rank group, "
-            f"and this rank's entry must be its chunk's {chunk.numel()} elements"
+    if sizes is not None:
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != peers.size:
+            raise ValueError(
+                f"sizes {sizes} must list one element count per rank of the {peers.size}-rank group"
+            )
+    call = CallDescriptor(
+        "all_gather",
+        algorithm,
+        chunk.dtype,
+        chunk.numel(),
+        counts=None if sizes is None else tuple(sizes),
+    )
+    calls = check_agreement(peers, call, chunk.device, same_numel=False)
+    held = [c.numel for c in calls]
+    expected = [list(c.counts) if c.counts is not None else [c.numel] * peers.size for c in calls]
+    if all(c.counts is None for c in calls) and len(set(held)) > 1:
+        raise CollectiveMismatch(
+            "all_gather without sizes needs chunks of one length, but the ranks' chunks have "
+            f"{describe_by_rank(held, peers.global_ranks)} elements. To fix: pass "
+            f"sizes={held} on every rank."
         )
+    if any(e != held for e in expected):
+        raise CollectiveMismatch(
+            f"all_gather: the ranks' chunks have {held} elements, but the ranks expected "
+            f"{describe_by_rank(expected, peers.global_ranks)} (their sizes=, or without it, "
+            f"every chunk as long as the rank's own). To fix: pass sizes={held} on every rank."
+        )
+    sizes = held
     starts = [sum(sizes[:i]) for i in range(peers.size)]
     bounds = [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
     if out is None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.broadcast import broadcast_flat_
 from dtlab.collectives.ops import (
     combine_,
@@ -184,13 +185,19 @@ def all_reduce(
     group: Group = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Combine every rank's ``tensor``; the result lands in ``out`` if given, else in ``tensor``."""
+    """Combine every rank's ``tensor``; the result lands in ``out`` if given, else in ``tensor``.
+
+    Every rank must pass the same number of elements, dtype, op and algorithm; a rank that does
+    not makes every rank raise :class:`~dtlab.collectives.agreement.CollectiveMismatch`.
+    """
     if algorithm not in ALL_REDUCES:
         raise ValueError(
             f"unknown all-reduce algorithm {algorithm!r}; choose one of {list(ALL_REDUCES)}"
         )
     op = normalize_op(op)
     peers = peers_of(group)
+    call = CallDescriptor("all_reduce", algorithm, tensor.dtype, tensor.numel(), op=op)
+    check_agreement(peers, call, tensor.device)
     target = tensor if out is None else out.copy_(tensor)
     flat, is_view = flat_view(target)
     if peers.size == 1 or flat.numel() == 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.ops import ceil_log2, chunk_bounds, flat_view
 from dtlab.collectives.p2p import Group, Peers, peers_of
 
@@ -87,6 +88,8 @@ def broadcast(
         )
     peers = peers_of(group)
     _check_root(root, peers)
+    call = CallDescriptor("broadcast", algorithm, tensor.dtype, tensor.numel(), root=root)
+    check_agreement(peers, call, tensor.device)
     if peers.size == 1 or tensor.numel() == 0:
         return tensor
     flat, is_view = flat_view(tensor)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.p2p import Group, peers_of
 
 
@@ -23,6 +24,8 @@ def gather(
     peers = peers_of(group)
     if not 0 <= root < peers.size:
         raise ValueError(f"root {root} is not a rank of this {peers.size}-rank group")
+    call = CallDescriptor("gather", "flat", tensor.dtype, tensor.numel(), root=root)
+    check_agreement(peers, call, tensor.device)
     source = tensor.contiguous()
     if peers.rank != root:
         peers.send(root, source, name="gather.flat")
@@ -46,6 +49,8 @@ def scatter(
     peers = peers_of(group)
     if not 0 <= root < peers.size:
         raise ValueError(f"root {root} is not a rank of this {peers.size}-rank group")
+    call = CallDescriptor("scatter", "flat", out.dtype, out.numel(), root=root)
+    check_agreement(peers, call, out.device)
     if peers.rank != root:
         if not out.is_contiguous():
             raise ValueError("scatter receives into out, which must be contiguous")

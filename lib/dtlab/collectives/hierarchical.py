@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.allgather import all_gather_ring_
 from dtlab.collectives.allreduce import all_reduce_ring_
 from dtlab.collectives.ops import chunk_bounds, finish_, flat_view, normalize_op
@@ -46,6 +47,10 @@ def hierarchical_all_reduce(
     intra-node all-gather, with "nodes" of ``ranks_per_node`` consecutive ranks of ``group``."""
     op = normalize_op(op)
     peers = peers_of(group)
+    call = CallDescriptor(
+        "hierarchical_all_reduce", "", tensor.dtype, tensor.numel(), op=op, detail=ranks_per_node
+    )
+    check_agreement(peers, call, tensor.device)
     nodes = node_layout(peers.size, ranks_per_node)
     node_index, local = divmod(peers.rank, ranks_per_node)
     within_node = peers.subgroup(nodes[node_index])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.ops import ceil_log2, combine_, finish_, flat_view, normalize_op
 from dtlab.collectives.p2p import Group, Peers, peers_of
 
@@ -72,6 +73,8 @@ def reduce(
     peers = peers_of(group)
     if not 0 <= root < peers.size:
         raise ValueError(f"root {root} is not a rank of this {peers.size}-rank group")
+    call = CallDescriptor("reduce", algorithm, tensor.dtype, tensor.numel(), root=root, op=op)
+    check_agreement(peers, call, tensor.device)
     is_root = peers.rank == root
     target = out if (is_root and out is not None) else tensor
     if target is not tensor:

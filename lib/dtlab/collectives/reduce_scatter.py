@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.ops import (
     chunk_bounds,
     combine_,
@@ -86,6 +87,8 @@ def reduce_scatter(
         )
     op = normalize_op(op)
     peers = peers_of(group)
+    call = CallDescriptor("reduce_scatter", algorithm, tensor.dtype, tensor.numel(), op=op)
+    check_agreement(peers, call, tensor.device)
     work = flat_view(tensor)[0].clone()
     bounds = REDUCE_SCATTERS[algorithm](work, op, peers) if peers.size > 1 else [(0, work.numel())]
     return finish_(work[slice(*bounds[peers.rank])].clone(), op, peers.size)

@@ -11,8 +11,9 @@ A grader runs the learner's function on real ranks and compares it with the refe
 Graders live in ``dtlab/quiz/graders/<topic>.py`` and are imported lazily the first time an
 exercise is looked up. A lab cell calls ``check_exercise("setup.rank_sum", rank_sum, cluster)``:
 the learner's stub raising ``NotImplementedError``, an error on a rank, a hang, a dead rank, a
-mismatch (an ``AssertionError`` from the grader) — each becomes a failed :class:`GradeResult`
-with a message for the learner, so a student notebook still runs top to bottom.
+mismatch (an ``AssertionError`` from the grader), a right result reached without the skill
+(:class:`NotTheSkill`) — each becomes a failed :class:`GradeResult` with a message for the
+learner, so a student notebook still runs top to bottom.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class GradeResult:
             f"<pre style='white-space:pre-wrap;margin:4px 0'>{html.escape(self.message)}</pre>"
             f"{details}</div>"
         )
+
+
+class NotTheSkill(AssertionError):
+    """Raised by a grader when the result is right but was reached without the skill the exercise
+    teaches: a built-in collective instead of messages, the wrong traffic, the library's answer."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,8 @@ def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any
             f"A rank process died while running `{name}` (the pool restarts on the next run).\n{error}",
             {},
         )
+    if isinstance(error, NotTheSkill):
+        return f"The result is right, but not the way the exercise asks.\n{error}", {}
     if isinstance(error, AssertionError):
         return f"Your result does not match the reference.\n{error}", {}
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
