@@ -271,7 +271,8 @@ dtlab.viz.timeline(
 #
 # The grader calls every `finish()` after backward, takes 4 SGD-with-momentum steps on 2 ranks and
 # compares the parameters with `torch.nn.parallel.DistributedDataParallel` (tolerance 1e-5). It also
-# counts your all-reduces: one per bucket, each asynchronous.
+# counts your all-reduces: one per bucket, carrying the whole bucket, and still in flight when your
+# function returns — waiting inside the hook would serialise backward and communication, and fails.
 
 
 # %%

@@ -230,8 +230,10 @@ for n, per_rank in measured.items():
 #
 # Use the helpers `reduce_scatter(shard_out, full_in)` and `all_gather(full_out, shard_in)`: they
 # run on dtlab's own send/recv rings, so every byte you move is counted and traced.
-# `dist.all_reduce` is switched off while grading. The grader trains 4 steps of SGD with momentum
-# on 2 ranks and compares the model with one process training on the whole batch (tolerance 1e-5).
+# While grading, every collective but reduce-scatter and all-gather is switched off, and each step
+# must send exactly `2(N-1)/N · M` bytes per rank (one all-reduce's worth, split in its two halves).
+# The grader trains 4 steps of SGD with momentum on 2 ranks and compares the model with one
+# process training on the whole batch (tolerance 1e-5).
 
 
 # %%
