@@ -145,35 +145,40 @@ def test_sweep_measures_ours_and_the_builtin_in_one_run(cluster2):
 # --- graders: the lab's reference solutions pass, wrong ones fail with a useful message --------
 
 
-def _ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    C.all_reduce(tensor, algorithm="ring")
-    return tensor
+def _lab_solution(exercise_id: str):
+    """The lab 01 solution of ``exercise_id``: a ring built from point-to-point messages."""
+    from pathlib import Path
 
+    from dtlab.workshop.exercises import list_exercises, load_exercise_function
+    from dtlab.workshop.source import read_lab_source
 
-def _off_by_one_ring(tensor: torch.Tensor) -> torch.Tensor:
-    C.all_reduce(tensor, algorithm="ring")
-    if dist.get_rank() == 1 and tensor.numel() > 3:
-        tensor[3] += 1
-    return tensor
+    source = read_lab_source(Path(__file__).resolve().parents[1] / "solutions/01_collectives.py")
+    exercise = next(e for e in list_exercises(source) if e.exercise_id == exercise_id)
+    return load_exercise_function(exercise, "solution")
 
 
 def _calls_the_builtin(tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor)
 
 
-def _ring_all_gather(chunk: torch.Tensor) -> torch.Tensor:
-    return C.all_gather(chunk)
-
-
 def test_ring_exercises_pass_a_correct_solution_and_fail_wrong_ones(cluster3):
-    assert check_exercise("collectives.ring_all_reduce", _ring_all_reduce, cluster3, record=False)
-    assert check_exercise("collectives.ring_all_gather", _ring_all_gather, cluster3, record=False)
-    wrong = check_exercise("collectives.ring_all_reduce", _off_by_one_ring, cluster3, record=False)
+    ring = _lab_solution("collectives.ring_all_reduce")
+
+    def off_by_one_ring(tensor: torch.Tensor) -> torch.Tensor:
+        out = ring(tensor)
+        if dist.get_rank() == 1 and out.numel() > 3:
+            out[3] += 1
+        return out
+
+    assert check_exercise("collectives.ring_all_reduce", ring, cluster3, record=False)
+    gather = _lab_solution("collectives.ring_all_gather")
+    assert check_exercise("collectives.ring_all_gather", gather, cluster3, record=False)
+    wrong = check_exercise("collectives.ring_all_reduce", off_by_one_ring, cluster3, record=False)
     assert not wrong and "index 3" in wrong.message
     cheat = check_exercise(
         "collectives.ring_all_reduce", _calls_the_builtin, cluster3, record=False
     )
-    assert not cheat and "send/recv" in cheat.message
+    assert not cheat and "dist.all_reduce is not allowed" in cheat.message
 
 
 def test_cost_exercise_accepts_the_formula_and_rejects_a_slip():
