@@ -9,6 +9,7 @@ a cosine ``LRScheduler``, ``zero_grad``/``backward``/``step``. Compared after a 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
@@ -272,3 +273,58 @@ def test_gradients_are_reachable_and_zero_keeps_grads_accumulated_before_it_was_
         assert r["fsdp_grads"] < FP32_STEP_TOLERANCE
         assert r["late_zero2_grads"] < FP32_STEP_TOLERANCE
         assert r["is_optimizer"]
+
+
+def _zero_state_dict_resumes_training(mixed: bool) -> dict:
+    rank, world = dtlab.rank(), dtlab.world_size()
+    batches = _batches()
+
+    def step(model, opt, batch):
+        x, y = shard_for_rank(batch, rank, world)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    def build():
+        model = GPT(CONFIG, seed=0)
+        opt = ZeroOptimizer(
+            model.parameters(), torch.optim.AdamW, stage=2, bucket_cap_mb=0.02, lr=1e-2,
+            mixed_precision=MixedPrecision() if mixed else None,
+        )  # fmt: skip
+        model.to(torch.bfloat16 if mixed else torch.float32)
+        return model, opt
+
+    straight, straight_opt = build()
+    for batch in batches:
+        step(straight, straight_opt, batch)
+
+    first, first_opt = build()
+    for batch in batches[:2]:
+        step(first, first_opt, batch)
+    saved_model = {k: v.clone() for k, v in first.state_dict().items()}
+    saved_opt = first_opt.state_dict()
+    resumed, resumed_opt = build()  # a fresh job: new model, new optimizer, then load both
+    with torch.no_grad():
+        for name, p in resumed.named_parameters():
+            p.copy_(saved_model[name])
+    resumed_opt.load_state_dict(saved_opt)  # under mixed precision: the fp32 masters too
+    for batch in batches[2:]:
+        step(resumed, resumed_opt, batch)
+    return {
+        "resumed_vs_straight": max_abs_difference(
+            parameters_by_name(resumed), parameters_by_name(straight)
+        ),
+        "masters_vs_straight": max(
+            (a - b).abs().max().item()
+            for a, b in zip(resumed_opt.masters, straight_opt.masters, strict=True)
+        ),
+        "steps_in_state": int(next(iter(resumed_opt.state.values()))["step"]),
+    }
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16_fp32_masters"])
+def test_zero_optimizer_state_dict_resumes_training_exactly(cluster2, mixed):
+    for r in cluster2.run(_zero_state_dict_resumes_training, mixed):
+        assert r["resumed_vs_straight"] == 0.0
+        assert r["masters_vs_straight"] == 0.0
+        assert r["steps_in_state"] == STEPS

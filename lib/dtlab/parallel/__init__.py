@@ -9,6 +9,11 @@ wraps any torch optimizer), :class:`FullyShardedDataParallel` (stage 3, drops in
 training loop), with :class:`MixedPrecision` (per unit: :func:`norms_in_fp32`), CPU offload,
 global-norm clipping and :func:`gather_full_parameters`.
 
+Tensor and sequence parallel (lab 04): :func:`parallelize_gpt` shards the lab GPT Megatron-style
+(:mod:`dtlab.parallel.tensor`): column/row-parallel linears with f/g, heads split across ranks
+(GQA-aware), a vocabulary-parallel embedding and cross-entropy that never gathers the logits, and
+LayerNorm/dropout on sequence shards.
+
 Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
@@ -24,6 +29,15 @@ from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.offload import offload_device
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
+from dtlab.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallel,
+    VocabParallelEmbedding,
+    check_tensor_parallel,
+    parallelize_gpt,
+    vocab_parallel_cross_entropy,
+)
 from dtlab.parallel.zero3 import FullyShardedDataParallel
 from dtlab.parallel.zero_optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
@@ -31,6 +45,7 @@ from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 __all__ = [
     "AsyncSGDResult",
     "BucketedDDP",
+    "ColumnParallelLinear",
     "CommStats",
     "DataParallelBase",
     "DataParallelComm",
@@ -38,16 +53,22 @@ __all__ = [
     "MixedPrecision",
     "NaiveDDP",
     "OverlappedDDP",
+    "RowParallelLinear",
     "Straggler",
+    "TensorParallel",
+    "VocabParallelEmbedding",
     "ZeroOptimizer",
     "ZeroStageSetup",
     "assign_buckets",
+    "check_tensor_parallel",
     "clip_sharded_grad_norm_",
     "gather_full_parameters",
     "norms_in_fp32",
     "offload_device",
+    "parallelize_gpt",
     "ring_bytes_sent",
     "run_async_sgd",
     "shard_by_zero_stage",
     "straggle",
+    "vocab_parallel_cross_entropy",
 ]

@@ -79,12 +79,23 @@ class MasterShardOptimizer(torch.optim.Optimizer):
         self.state = self.optimizer.state
 
     def state_dict(self) -> dict:
-        """This rank's shard of the optimizer state (masters are saved by the model's owner)."""
-        return self.optimizer.state_dict()
+        """This rank's shard of the optimizer state. When the fp32 masters are separate tensors
+        (mixed precision, offload) they are saved too: the bf16 model cannot give them back."""
+        state = self.optimizer.state_dict()
+        if not self.masters_share_storage:
+            state["master_shards"] = [m.detach().cpu().clone() for m in self.masters]
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        masters = state_dict.pop("master_shards", None)
         self.optimizer.load_state_dict(state_dict)
         self._share_inner_state()
+        if masters is not None:
+            with torch.no_grad():
+                for master, saved in zip(self.masters, masters, strict=True):
+                    master.copy_(saved)
+            self._publish_parameters()
 
     def finish_gradient_synchronization(self) -> None:
         """Make sure every gradient shard holds this rank's chunk of the averaged gradient."""

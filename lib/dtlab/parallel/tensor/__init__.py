@@ -1,0 +1,73 @@
+"""Tensor and sequence parallelism (lab 04), applied to the lab GPT from outside.
+
+Read in this order — each file one idea on top of the last:
+
+* :mod:`~dtlab.parallel.tensor.layers` — column- and row-parallel Linear; entering and leaving
+  a tensor-parallel region with Megatron's ``f``/``g`` (Shoeybi et al. 2019), or with
+  all-gather / reduce-scatter along the sequence (Korthikanti et al. 2022).
+* :mod:`~dtlab.parallel.tensor.blocks` — attention split by heads (GQA: by KV groups), the MLP
+  by hidden width: two collectives per block per pass.
+* :mod:`~dtlab.parallel.tensor.embedding` — the vocabulary-parallel embedding (tied head: the
+  same shard).
+* :mod:`~dtlab.parallel.tensor.cross_entropy` — the loss from vocabulary-sharded logits,
+  never gathering them.
+* :mod:`~dtlab.parallel.tensor.sequence` — sequence parallelism's replicated parameters, whose
+  gradients become partial sums.
+* :mod:`~dtlab.parallel.tensor.parallelize` — :func:`parallelize_gpt`, the whole model.
+* :mod:`~dtlab.parallel.tensor.accounting` — bytes moved and held per rank, in closed form.
+* :mod:`~dtlab.parallel.tensor.dtensor_plan` — the same split in PyTorch's DTensor TP, the
+  production yardstick.
+"""
+
+from dtlab.parallel.tensor.blocks import (
+    check_heads,
+    enter_region_on_input,
+    parallelize_attention,
+    parallelize_block,
+    parallelize_mlp,
+)
+from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
+from dtlab.parallel.tensor.dtensor_plan import dtensor_loss_backward, dtensor_parallelize_gpt
+from dtlab.parallel.tensor.embedding import VocabParallelEmbedding
+from dtlab.parallel.tensor.layers import (
+    SEQ_DIM,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    enter_region,
+    leave_region,
+)
+from dtlab.parallel.tensor.parallelize import (
+    TensorParallel,
+    check_tensor_parallel,
+    parallelize_gpt,
+    tensor_parallel_check,
+)
+from dtlab.parallel.tensor.sequence import (
+    SequenceShardedPositions,
+    all_reduce_partial_grads,
+    partial_grad_parameters,
+)
+
+__all__ = [
+    "SEQ_DIM",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "SequenceShardedPositions",
+    "TensorParallel",
+    "VocabParallelEmbedding",
+    "all_reduce_partial_grads",
+    "check_heads",
+    "check_tensor_parallel",
+    "dtensor_loss_backward",
+    "dtensor_parallelize_gpt",
+    "enter_region",
+    "enter_region_on_input",
+    "leave_region",
+    "parallelize_attention",
+    "parallelize_block",
+    "parallelize_mlp",
+    "parallelize_gpt",
+    "partial_grad_parameters",
+    "tensor_parallel_check",
+    "vocab_parallel_cross_entropy",
+]

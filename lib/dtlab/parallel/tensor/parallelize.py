@@ -1,0 +1,215 @@
+"""``parallelize_gpt``: tensor (and sequence) parallelism applied to the lab GPT from outside.
+
+The torchtitan shape: the model is built whole on every rank — ``GPT(config, seed)`` is
+bit-identical everywhere — and this function replaces its modules in place by this rank's
+shards; the model's code does not change and knows nothing of ranks. What the training loop
+needs besides the model comes back in a :class:`TensorParallel`::
+
+    tp = parallelize_gpt(GPT(config, seed=0), mesh, sequence_parallel=True)
+    opt = torch.optim.AdamW(tp.model.parameters())           # this rank's shards
+    logits = tp.model(tokens)                                # (b, s, vocab/t): never gathered
+    loss = tp.loss(logits, targets)                          # vocab-parallel cross-entropy
+    loss.backward()
+    tp.finish_gradients()                                    # SP: sum the partial LN/bias grads
+    opt.step()
+
+Inputs: every rank of a tensor-parallel group feeds the *same* ``(b, s)`` token ids and
+targets (data parallelism, if any, splits the batch across groups). With sequence parallelism
+nothing is cut by hand: the vocabulary-parallel embedding's reduce-scatter hands rank ``r``
+sequence chunk ``r``, and the LM head's all-gather brings the whole sequence back.
+
+Dropout: masks come from each rank's own RNG. Outside the regions without SP every rank must
+draw the same mask (seed the ranks of a group alike); inside a region, and on sequence shards,
+Megatron draws different masks per rank from a separate RNG tracker, which dtlab does not model
+— the equivalence tests run at ``dropout=0``.
+
+What becomes what (Shoeybi et al. 2019; Korthikanti et al. 2022):
+
+==========================  ===================================================================
+module                      becomes
+==========================  ===================================================================
+``embed``                   :class:`VocabParallelEmbedding` (rows of the vocabulary; leaves by
+                            all-reduce, or reduce-scatter along the sequence with SP)
+``pos_embed``               unchanged; with SP :class:`SequenceShardedPositions`
+``blocks[i].attn``          q/k/v column-parallel, out row-parallel (:mod:`.blocks`)
+``blocks[i].mlp``           fc_in column-parallel, fc_out row-parallel
+LayerNorms                  unchanged (replicated; on sequence shards with SP)
+``lm_head``                 :class:`ColumnParallelLinear` over the vocabulary; when tied, its
+                            ``weight`` *is* the embedding's shard Parameter
+==========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from dtlab.comm import Communicator, gather_along
+from dtlab.models import GPTConfig, validate_layout
+from dtlab.parallel.tensor.blocks import parallelize_block
+from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
+from dtlab.parallel.tensor.embedding import VocabParallelEmbedding
+from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dtlab.parallel.tensor.sequence import (
+    SequenceShardedPositions,
+    all_reduce_partial_grads,
+    partial_grad_parameters,
+)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
+
+
+def check_tensor_parallel(
+    config: GPTConfig,
+    layout: object | None = None,
+    *,
+    tp: int | None = None,
+    sequence_parallel: bool = False,
+) -> None:
+    """Refuse a TP degree this GPT cannot take, naming every problem and what to choose.
+
+    The heads, KV heads and ``d_ff`` rules (and their messages) are
+    :func:`dtlab.models.validate_layout`'s; this adds what vocabulary parallelism and sequence
+    parallelism need: ``t`` divides ``vocab_size`` (and ``seq_len`` with SP). Use it before any
+    process starts: ``Layout(tp=2).check(2, model_check=tensor_parallel_check(config))``.
+    """
+    tp = tp if tp is not None else getattr(layout, "tp", 1)
+    problems = []
+    try:
+        validate_layout(config, tp=tp)
+    except ValueError as error:
+        problems += [line.removeprefix("  - ") for line in str(error).splitlines()]
+        problems = [p for p in problems if not p.startswith("this layout does not fit")]
+    if config.vocab_size % tp:
+        padded = -(-config.vocab_size // tp) * tp
+        problems.append(
+            f"tp={tp} does not divide vocab_size={config.vocab_size}: the vocabulary-parallel "
+            f"embedding and LM head give each rank vocab_size/tp rows; choose tp from "
+            f"{_divisors(config.vocab_size)}, or pad vocab_size to {padded} (Megatron pads)"
+        )
+    if sequence_parallel and config.seq_len % tp:
+        problems.append(
+            f"sequence parallelism cuts seq_len={config.seq_len} into tp={tp} chunks; choose "
+            f"tp from {_divisors(config.seq_len)} (or change seq_len, or turn SP off)"
+        )
+    if len(problems) == 1:
+        raise ValueError(problems[0])
+    if problems:
+        raise ValueError(
+            f"tensor parallelism tp={tp} does not fit the model:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def tensor_parallel_check(
+    config: GPTConfig, sequence_parallel: bool = False
+) -> Callable[[object], None]:
+    """A ``model_check`` for :meth:`dtlab.mesh.Layout.check`: :func:`check_tensor_parallel`."""
+    return lambda layout: check_tensor_parallel(config, layout, sequence_parallel=sequence_parallel)
+
+
+def _shard_dims(model: nn.Module) -> dict[int, int]:
+    """id(parameter) → the dimension it is split along, for every sharded parameter."""
+    dims: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
+            dims.update((id(p), 0) for p in module.parameters(recurse=False))
+        elif isinstance(module, RowParallelLinear):
+            dims[id(module.weight)] = 1
+    return dims
+
+
+@dataclass
+class TensorParallel:
+    """A tensor-parallel GPT and what its training loop needs (see the module docstring)."""
+
+    model: nn.Module
+    comm: Communicator
+    sequence_parallel: bool
+    shard_dims: dict[str, int] = field(default_factory=dict)
+    """Parameter name → the dimension split over the group; names not here are replicated."""
+    partial_grads: list[nn.Parameter] = field(default_factory=list)
+    """Replicated parameters whose gradients are partial sums under sequence parallelism."""
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy from the vocabulary-sharded logits (never gathered)."""
+        return vocab_parallel_cross_entropy(logits, targets, self.comm)
+
+    def finish_gradients(self) -> None:
+        """After backward, before the optimizer: with SP, sum the partial gradients of the
+        replicated parameters over the group (one all-reduce); without SP, nothing to do."""
+        if self.sequence_parallel:
+            all_reduce_partial_grads(self.partial_grads, self.comm)
+
+    @torch.no_grad()
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The full ``(…, vocab)`` logits — for checking and sampling, not for the loss."""
+        return gather_along(logits, -1, self.comm)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Name → the full (gathered) parameter, as the single-process model names it."""
+        return self._gathered(lambda p: p.detach())
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Name → the full (gathered) gradient; call after :meth:`finish_gradients`."""
+        return self._gathered(lambda p: p.grad)
+
+    @torch.no_grad()
+    def _gathered(self, value_of) -> dict[str, torch.Tensor]:
+        full = {}
+        for name, param in self.model.named_parameters():
+            value = value_of(param)
+            if value is not None and name in self.shard_dims:
+                value = gather_along(value, self.shard_dims[name], self.comm)
+            full[name] = None if value is None else value.clone()
+        return full
+
+    def parameter_bytes(self) -> int:
+        """Bytes of parameters this rank holds (a tied shard counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def parallelize_gpt(
+    model: nn.Module,
+    mesh_or_comm,
+    sequence_parallel: bool = False,
+    collectives: str = "torch",
+) -> TensorParallel:
+    """Shard ``model`` (a :class:`dtlab.models.GPT`) over the tensor-parallel group, in place.
+
+    ``mesh_or_comm``: a :class:`dtlab.mesh.Mesh` (its ``tp`` group is used, with
+    ``collectives`` — ``"torch"``, or ``"dtlab"`` to count every byte) or a ready
+    :class:`~dtlab.comm.Communicator` (whose own ``collectives`` choice is kept). Every rank
+    must pass the same full model (``GPT(config, seed)`` is identical on every rank).
+    """
+    if isinstance(mesh_or_comm, Communicator):
+        comm = mesh_or_comm
+    else:
+        comm = Communicator.along(mesh_or_comm, "tp", collectives)
+    check_tensor_parallel(model.config, tp=comm.world_size, sequence_parallel=sequence_parallel)
+    tied = model.lm_head.weight is model.embed.weight
+    sp = sequence_parallel
+
+    model.embed = VocabParallelEmbedding.from_embedding(model.embed, comm, sequence_parallel=sp)
+    if sp:
+        model.pos_embed = SequenceShardedPositions(model.pos_embed.weight, comm)
+    for block in model.blocks:
+        parallelize_block(block, comm, sp)
+    if tied:  # one shard object: the head's rows are the embedding's rows
+        model.lm_head = ColumnParallelLinear(model.embed.weight, None, comm, sequence_parallel=sp)
+    else:
+        model.lm_head = ColumnParallelLinear.from_linear(model.lm_head, comm, sequence_parallel=sp)
+
+    dims = _shard_dims(model)
+    return TensorParallel(
+        model,
+        comm,
+        sp,
+        {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims},
+        partial_grad_parameters(model),
+    )
