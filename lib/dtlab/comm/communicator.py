@@ -48,6 +48,7 @@ from dtlab import trace
 from dtlab.collectives.stats import CommStats
 
 VIA = ("torch", "dtlab")
+_TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 _RING_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -184,13 +185,22 @@ class Communicator:
         return None
 
     def all_reduce(
-        self, tensor: torch.Tensor, name: str = "all_reduce", async_op: bool = False
+        self,
+        tensor: torch.Tensor,
+        name: str = "all_reduce",
+        async_op: bool = False,
+        op: str = "sum",
     ) -> PendingCollective | None:
-        """Sum ``tensor`` in place over the group: 2(N-1)/N * bytes(tensor) per rank."""
+        """Combine ``tensor`` in place over the group (``op``: sum or max): 2(N-1)/N * bytes
+        per rank."""
+        if op not in _TORCH_OPS:
+            raise ValueError(
+                f"all_reduce op {op!r} is not supported; choose one of {list(_TORCH_OPS)}"
+            )
         return self._run(
             "all_reduce", name, nbytes(tensor), async_op,
-            lambda a: dist.all_reduce(tensor, group=self.group, async_op=a),
-            lambda: C.all_reduce(tensor, "sum", algorithm="ring", group=self._peers),
+            lambda a: dist.all_reduce(tensor, op=_TORCH_OPS[op], group=self.group, async_op=a),
+            lambda: C.all_reduce(tensor, op, algorithm="ring", group=self._peers),
         )  # fmt: skip
 
     def reduce_scatter(

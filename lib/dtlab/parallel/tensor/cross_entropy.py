@@ -13,16 +13,15 @@ vocabulary:
 =================  ===========================================  ==============================
 step               on each rank                                 communication (per rank)
 =================  ===========================================  ==============================
-max ``m``          max over its ``V/t`` logits                  all-gather of the ``t`` local
-                                                                maxima, then max (b·s·t elts)
+max ``m``          max over its ``V/t`` logits                  all-reduce (max), b·s elements
 sum of exp         ``Σ exp(z - m)`` over its logits             all-reduce (sum), b·s elements
 target logit       ``z_y - m`` if it owns ``y``, else 0         all-reduce (sum), b·s elements
 =================  ===========================================  ==============================
 
-Megatron all-reduces the max with ``op=MAX``; :class:`~dtlab.comm.Communicator` sums only, so the
-max goes through an all-gather of the per-rank maxima (the same result, counted by the same
-layer; at ``t = 2`` the same bytes as a ring all-reduce). ``m`` only keeps ``exp`` from
-overflowing — any value equal on every rank gives the same loss — so it carries no gradient.
+Three all-reduces of ``b·s`` elements, as Megatron's ``_VocabParallelCrossEntropy`` does (the
+first with ``op=MAX``): ``3 · 2(t-1)/t · b·s`` elements per rank, whatever the vocabulary. ``m``
+only keeps ``exp`` from overflowing — any value equal on every rank gives the same loss — so it
+carries no gradient.
 
 Backward needs no communication: ``∂ℓ_i/∂z_{iv} = softmax_{iv} − [v = y]`` for the rank's
 own ``v``, and the softmax is ``exp(z - m) / Σ`` with the global sum already known. This module
@@ -37,11 +36,10 @@ from dtlab.comm import Communicator
 
 
 def _global_max(local_max: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    """Max over the group of ``local_max`` (any shape), via an all-gather of every rank's."""
-    shard = local_max.reshape(-1).contiguous()
-    everyone = shard.new_empty(comm.world_size * shard.numel())
-    comm.all_gather(everyone, shard, name=f"{comm.dim}.cross_entropy.max")
-    return everyone.view(comm.world_size, -1).amax(0).view_as(local_max)
+    """Max over the group of ``local_max`` (any shape): one all-reduce with ``op="max"``."""
+    out = local_max.contiguous().clone()
+    comm.all_reduce(out, name=f"{comm.dim}.cross_entropy.max", op="max")
+    return out
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
