@@ -29,9 +29,7 @@ from dtlab.cost import (
     young_daly_interval,
 )
 from dtlab.memory import model_state_bytes
-from dtlab.quiz import ask, check_exercise, learner_id, load_bank, read_progress
-from dtlab.quiz.drill import item_weight, mock_set
-from dtlab.quiz.graders.capstone import (
+from dtlab.plan import (
     JOBS,
     LLAMA_70B,
     ParallelPlan,
@@ -40,6 +38,8 @@ from dtlab.quiz.graders.capstone import (
     pipeline_bubble,
     plan_problems,
 )
+from dtlab.quiz import ask, check_exercise, learner_id, load_bank, read_progress
+from dtlab.quiz.drill import item_weight, mock_set
 from dtlab.quiz.mastery import mastery_by_topic, mastery_chart, mastery_table
 
 dtlab.viz.setup_notebook()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dtlab import bootstrap
+from dtlab import bootstrap_decisions as decisions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ class FakeShell:
     def run(self, command, cwd=None, check=False, env=None):
         self.commands.append(list(command))
         if command[1:3] == ["-m", "venv"]:
-            python = bootstrap.venv_executable(Path(command[-1]), "python")
+            python = decisions.venv_executable(Path(command[-1]), "python")
             python.parent.mkdir(parents=True)
             python.write_text("")
         return subprocess.CompletedProcess(command, 0)
@@ -55,16 +56,16 @@ def shell(monkeypatch, checkout) -> FakeShell:
 
 
 def test_old_python_gets_a_message_naming_the_minimum():
-    assert "Python >= 3.10" in bootstrap.python_problem((3, 9, 18))
-    assert bootstrap.python_problem((3, 10, 0)) is None
+    assert "Python >= 3.10" in decisions.python_problem((3, 9, 18))
+    assert decisions.python_problem((3, 10, 0)) is None
 
 
 def test_supported_torch_range_matches_pyproject():
     pin = re.search(r'"torch>=(\d+)\.(\d+),<(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
     low, high_exclusive = (int(pin[1]), int(pin[2])), (int(pin[3]), int(pin[4]))
-    assert bootstrap.SUPPORTED_TORCH[0] == low
-    assert (bootstrap.SUPPORTED_TORCH[1][0], bootstrap.SUPPORTED_TORCH[1][1] + 1) == high_exclusive
-    assert bootstrap.torch_version_supported(bootstrap.DEFAULT_TORCH.split("==")[1])
+    assert decisions.SUPPORTED_TORCH[0] == low
+    assert (decisions.SUPPORTED_TORCH[1][0], decisions.SUPPORTED_TORCH[1][1] + 1) == high_exclusive
+    assert decisions.torch_version_supported(decisions.DEFAULT_TORCH.split("==")[1])
 
 
 @pytest.mark.parametrize(
@@ -79,25 +80,25 @@ def test_supported_torch_range_matches_pyproject():
     ],
 )
 def test_torch_versions_outside_the_supported_range_are_not_reused(version, supported):
-    assert bootstrap.torch_version_supported(version) is supported
+    assert decisions.torch_version_supported(version) is supported
 
 
 def test_a_supported_launcher_torch_is_kept_through_system_site_packages(checkout):
-    plan = bootstrap.make_plan(checkout, launcher_torch="2.13.0+cu126", has_nvidia_driver=True)
+    plan = decisions.make_plan(checkout, launcher_torch="2.13.0+cu126", has_nvidia_driver=True)
     assert plan.reuse_launcher_torch
     assert "--system-site-packages" in plan.create_venv_command()
 
 
 def test_a_torch_inside_a_launching_venv_cannot_be_kept(checkout):
-    plan = bootstrap.make_plan(checkout, launcher_torch="2.13.0", launcher_in_venv=True)
+    plan = decisions.make_plan(checkout, launcher_torch="2.13.0", launcher_in_venv=True)
     assert not plan.reuse_launcher_torch
     assert "--system-site-packages" not in plan.create_venv_command()
 
 
 def test_driverless_linux_pins_torch_to_the_cpu_index(checkout):
-    plan = bootstrap.make_plan(checkout, system="Linux", has_nvidia_driver=False)
+    plan = decisions.make_plan(checkout, system="Linux", has_nvidia_driver=False)
     command = plan.install_torch_command()
-    assert command[-3:] == ["torch==2.13.0", "--index-url", bootstrap.CPU_TORCH_INDEX]
+    assert command[-3:] == ["torch==2.13.0", "--index-url", decisions.CPU_TORCH_INDEX]
 
 
 @pytest.mark.parametrize(
@@ -112,25 +113,25 @@ def test_driverless_linux_pins_torch_to_the_cpu_index(checkout):
 def test_torch_index_is_pypi_with_a_gpu_driver_or_off_linux_or_as_overridden(
     system, driver, override, index
 ):
-    assert bootstrap.choose_torch_index(system, driver, override) == index
+    assert decisions.choose_torch_index(system, driver, override) == index
 
 
 def test_stamp_changes_with_pyproject_and_with_the_torch_choice(checkout):
-    first = bootstrap.make_plan(checkout).stamp
-    assert bootstrap.make_plan(checkout).stamp == first
-    assert bootstrap.make_plan(checkout, torch_spec="torch==2.12.0").stamp != first
+    first = decisions.make_plan(checkout).stamp
+    assert decisions.make_plan(checkout).stamp == first
+    assert decisions.make_plan(checkout, torch_spec="torch==2.12.0").stamp != first
     (checkout / "pyproject.toml").write_text('[project]\nname = "dtlab"\nversion = "2"\n')
-    assert bootstrap.make_plan(checkout).stamp != first
+    assert decisions.make_plan(checkout).stamp != first
 
 
 def test_test_environment_defaults_to_fast_mode_but_keeps_a_chosen_mode():
-    assert bootstrap.test_environment({"PATH": "/bin"})["DTLAB_MODE"] == "fast"
-    assert bootstrap.test_environment({"DTLAB_MODE": "full"})["DTLAB_MODE"] == "full"
+    assert decisions.test_environment({"PATH": "/bin"})["DTLAB_MODE"] == "fast"
+    assert decisions.test_environment({"DTLAB_MODE": "full"})["DTLAB_MODE"] == "full"
 
 
 def test_first_run_creates_venv_installs_torch_then_dtlab_and_runs_pytest(shell, checkout):
     status = bootstrap.main(["test", "-x", "tests/test_cli.py"])
-    venv_python = str(bootstrap.venv_executable(checkout / ".venv", "python"))
+    venv_python = str(decisions.venv_executable(checkout / ".venv", "python"))
     create, torch, dtlab, pytest_run = shell.commands
     assert create[1:] == ["-m", "venv", str(checkout / ".venv")]
     assert torch[:4] == [venv_python, "-m", "pip", "install"] and "torch==2.13.0" in torch
@@ -144,7 +145,7 @@ def test_second_run_skips_the_install_because_the_stamp_matches(shell, checkout)
     bootstrap.main(["install"])
     shell.commands.clear()
     assert bootstrap.main(["lab", "--no-browser"]) == 3
-    python = str(bootstrap.venv_executable(checkout / ".venv", "python"))
+    python = str(decisions.venv_executable(checkout / ".venv", "python"))
     assert shell.commands == [[python, "-m", "dtlab.cli", "lab", "--no-browser"]]
 
 
@@ -179,7 +180,7 @@ def test_bootstrap_runs_on_the_standard_library_alone():
 
 
 def test_unreachable_cpu_index_falls_back_to_pips_configured_index():
-    from dtlab.bootstrap import CPU_TORCH_INDEX, choose_torch_index
+    from dtlab.bootstrap_decisions import CPU_TORCH_INDEX, choose_torch_index
 
     assert choose_torch_index("Linux", False, None, cpu_index_reachable=True) == CPU_TORCH_INDEX
     assert choose_torch_index("Linux", False, None, cpu_index_reachable=False) is None
@@ -187,3 +188,41 @@ def test_unreachable_cpu_index_falls_back_to_pips_configured_index():
         choose_torch_index("Linux", False, "https://mirror/simple", False)
         == "https://mirror/simple"
     )
+
+
+def test_run_as_a_script_the_bootstrap_loads_its_decisions_by_path_without_dtlab():
+    # -S: neither dtlab nor torch is importable, as on a clean clone before the install.
+    code = (
+        "import runpy, sys; ns = runpy.run_path('lib/dtlab/bootstrap.py'); d = ns['decisions']; "
+        "print(d.__name__, d.choose_torch_index('Linux', False, None), 'dtlab' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["_dtlab_bootstrap_decisions", decisions.CPU_TORCH_INDEX, "False"]
+
+
+def test_the_bootstrap_imports_only_the_standard_library_before_dtlab_is_installed():
+    import ast
+
+    for name in ("bootstrap.py", "bootstrap_decisions.py"):
+        tree = ast.parse((REPO / "lib" / "dtlab" / name).read_text())
+        guarded = {  # `if __package__:` — only when imported as part of an installed dtlab
+            id(node)
+            for branch in ast.walk(tree)
+            if isinstance(branch, ast.If) and ast.unparse(branch.test) == "__package__"
+            for node in ast.walk(ast.Module(body=branch.body, type_ignores=[]))
+        }
+        for node in ast.walk(tree):
+            if id(node) in guarded or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            modules = (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            )
+            for module in modules:
+                top = module.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", (
+                    f"lib/dtlab/{name}:{node.lineno} imports {module}, which a bare python3 "
+                    "does not have before the install"
+                )

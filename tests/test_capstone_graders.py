@@ -6,15 +6,11 @@ from __future__ import annotations
 import math
 
 import dtlab
+from dtlab.plan import LLAMA_70B, ParallelPlan, plan_problems
+from dtlab.plan import checkpoint_interval_s as reference_checkpoint_interval_s
+from dtlab.plan import days_to_train as reference_training_days
+from dtlab.plan import state_bytes_per_gpu as reference_memory_per_gpu
 from dtlab.quiz import check_exercise
-from dtlab.quiz.graders.capstone import (
-    LLAMA_70B,
-    ParallelPlan,
-    plan_problems,
-    reference_checkpoint_interval_s,
-    reference_memory_per_gpu,
-    reference_training_days,
-)
 
 
 def test_reference_numbers_match_the_back_of_envelope():
@@ -92,7 +88,7 @@ def test_calling_the_library_answer_fails_under_any_name(cluster2):
 
 
 def test_a_table_of_the_labs_answers_fails_on_jobs_the_lab_never_shows(cluster2):
-    from dtlab.quiz.graders.capstone import JOBS
+    from dtlab.plan import JOBS
 
     table = {job.name: reference_training_days(job) for job in JOBS}
 
@@ -101,3 +97,11 @@ def test_a_table_of_the_labs_answers_fails_on_jobs_the_lab_never_shows(cluster2)
 
     result = check_exercise("capstone.training_days", looked_up, cluster2, record=False)
     assert not result and "34B on 512 H100: training days is 0.0" in result.message
+
+
+def test_a_plan_from_the_planners_own_search_fails(cluster2):
+    from dtlab.plan import first_plan_that_fits as search
+
+    result = check_exercise("capstone.choose_plan", lambda req: search(req), cluster2, record=False)
+    assert not result
+    assert "your function calls dtlab.plan.first_plan_that_fits" in result.message

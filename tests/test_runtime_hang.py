@@ -13,7 +13,7 @@ import torch.distributed as dist
 import dtlab
 from dtlab import Cluster, ClusterTimeout, RankError
 from dtlab.runtime.hang import describe_blocking_call, dump_is_complete
-from dtlab.runtime.watch import never_joined
+from dtlab.runtime.matching import never_joined
 
 
 def _line_of(fn, text: str) -> int:

@@ -17,9 +17,9 @@ from dtlab.workshop.build import (
     lab_sources,
     render_notebook,
     stale_notebooks,
-    student_source,
 )
 from dtlab.workshop.exercises import list_exercises
+from dtlab.workshop.solution_blocks import student_source
 from dtlab.workshop.source import LabSourceError, parse_lab_source, read_lab_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -268,7 +268,12 @@ def test_every_lab_source_parses_and_its_first_cell_is_prose(source: Path):
 # section 2 (a rank per GPU talking NCCL, or ranks on the CPU talking gloo) is where it is taught.
 BACKEND_WORDS = re.compile(r"\b(gloo|cuda)\b", re.IGNORECASE)
 TEACHES_THE_BACKENDS = {("00_setup", "## 2. Start a cluster")}
-AUDITED_LABS = ("00_setup", "02_data_parallel", "03_zero_fsdp", "12_capstone")  # add each lab here once its text is audited (#11)
+AUDITED_LABS = (
+    "00_setup",
+    "02_data_parallel",
+    "03_zero_fsdp",
+    "12_capstone",
+)  # add each lab here once its text is audited (#11)
 
 
 @pytest.mark.parametrize("name", AUDITED_LABS)

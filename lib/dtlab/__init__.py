@@ -51,6 +51,7 @@ _SUBMODULES = {
     "mesh",
     "models",
     "parallel",
+    "plan",
     "precision",
     "quiz",
     "trace",

@@ -28,6 +28,11 @@ Then ``lab`` runs ``dtlab lab`` (JupyterLab on ``labs/``; extra arguments pass t
 e.g. ``--no-browser``) and ``test`` runs ``python -m pytest`` with
 ``DTLAB_MODE=fast`` unless you set it, and exits with pytest's exit status (pyproject's pytest
 settings add the solution notebooks through ``--nbval-lax``).
+
+This file gathers the facts about the machine and runs the commands; what to do with the facts
+(which torch, from which index, the stamp, every command line) is decided by the pure functions
+of :mod:`dtlab.bootstrap_decisions`, which the tests drive case by case. That module is loaded
+by its path when a bare ``python3`` runs this file, and imported normally as part of ``dtlab``.
 """
 
 from __future__ import annotations
@@ -41,79 +46,33 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.
     del sys.path[0]
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
-from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path  # noqa: E402
 
-MIN_PYTHON = (3, 10)
-DEFAULT_TORCH = "torch==2.13.0"
-SUPPORTED_TORCH = ((2, 11), (2, 14))  # inclusive minor range, as pyproject's torch>=2.11,<2.15
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-STAMP_NAME = ".dtlab-bootstrap-stamp"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the bootstrap will do, decided before anything runs (so it can be unit-tested)."""
-
-    root: Path
-    venv: Path
-    reuse_launcher_torch: bool  # venv with --system-site-packages, keep the launcher's torch
-    torch_spec: str
-    torch_index: str | None  # None: pip's default index (PyPI)
-    stamp: str
-
-    @property
-    def venv_python(self) -> Path:
-        return venv_executable(self.venv, "python")
-
-    def create_venv_command(self) -> list[str]:
-        command = [sys.executable, "-m", "venv"]
-        if self.reuse_launcher_torch:
-            command.append("--system-site-packages")
-        return command + [str(self.venv)]
-
-    def install_torch_command(self) -> list[str]:
-        command = [str(self.venv_python), "-m", "pip", "install", self.torch_spec]
-        if self.torch_index:
-            command += ["--index-url", self.torch_index]
-        return command
-
-    def install_dtlab_command(self) -> list[str]:
-        return [str(self.venv_python), "-m", "pip", "install", "-e", ".[dev]"]
-
-
-def venv_executable(venv: Path, name: str) -> Path:
-    """``.venv/bin/NAME`` (``.venv\\Scripts\\NAME.exe`` on Windows)."""
-    if os.name == "nt":
-        return venv / "Scripts" / f"{name}.exe"
-    return venv / "bin" / name
-
-
-def python_problem(version: tuple[int, ...]) -> str | None:
-    """A message when this Python is too old for dtlab, else None."""
-    if tuple(version[:2]) >= MIN_PYTHON:
-        return None
-    found = ".".join(str(v) for v in version[:3])
-    return (
-        f"dtlab needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}, but this is Python {found}. "
-        "Run the bootstrap with a newer one, e.g. `python3.11 lib/dtlab/bootstrap.py lab`."
+def _load_by_path(name: str):
+    """Import ``lib/dtlab/<name>.py`` from its file: run as a script, this file's folder is off
+    ``sys.path`` (above) and the ``dtlab`` package cannot be imported yet (it imports torch)."""
+    spec = importlib.util.spec_from_file_location(
+        f"_dtlab_{name}", Path(__file__).with_name(f"{name}.py")
     )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look up the module while making a class
+    spec.loader.exec_module(module)
+    return module
 
 
-def torch_version_supported(version: str) -> bool:
-    """True for a torch version inside :data:`SUPPORTED_TORCH` (local tags like +cu124 ignored)."""
-    try:
-        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    except ValueError:
-        return False
-    low, high = SUPPORTED_TORCH
-    return low <= (major, minor) <= high
+# The decisions live in a sibling module, imported the ordinary way when this file is
+# dtlab.bootstrap (tests, `dtlab doctor`), by its path when a bare python3 runs it as a script.
+if __package__:
+    from dtlab import bootstrap_decisions as decisions
+else:
+    decisions = _load_by_path("bootstrap_decisions")
 
 
 def launcher_torch_version() -> str | None:
@@ -133,83 +92,17 @@ def launcher_is_a_venv() -> bool:
     return sys.prefix != sys.base_prefix
 
 
-def choose_torch_index(
-    system: str, has_nvidia_driver: bool, override: str | None, cpu_index_reachable: bool = True
-) -> str | None:
-    """Where torch comes from: the CPU index on driverless Linux, PyPI otherwise (see docstring).
-
-    A machine that cannot reach PyTorch's CPU index (an offline mirror, a closed CI network)
-    uses pip's own configured index and wheel folders instead of failing.
-    """
-    if override is not None:
-        return None if override.lower() in ("", "pypi", "default") else override
-    if system == "Linux" and not has_nvidia_driver and cpu_index_reachable:
-        return CPU_TORCH_INDEX
-    return None
-
-
 def cpu_index_is_reachable(timeout_s: float = 3.0) -> bool:
     """Can this machine open a connection to PyTorch's CPU wheel index at all?"""
     import socket
     from urllib.parse import urlparse
 
-    host = urlparse(CPU_TORCH_INDEX).hostname or ""
+    host = urlparse(decisions.CPU_TORCH_INDEX).hostname or ""
     try:
         with socket.create_connection((host, 443), timeout=timeout_s):
             return True
     except OSError:
         return False
-
-
-def compute_stamp(
-    pyproject: bytes, reuse_launcher_torch: bool, torch_spec: str, index: str | None
-) -> str:
-    """Changes whenever the install would change: pyproject.toml or the torch choice."""
-    digest = hashlib.sha256(pyproject)
-    digest.update(f"\n{reuse_launcher_torch}\n{torch_spec}\n{index}".encode())
-    return digest.hexdigest()
-
-
-def make_plan(
-    root: Path,
-    torch_spec: str = DEFAULT_TORCH,
-    torch_index: str | None = None,
-    launcher_torch: str | None = None,
-    launcher_in_venv: bool = False,
-    system: str = "Linux",
-    has_nvidia_driver: bool = False,
-    cpu_index_reachable: bool = True,
-) -> Plan:
-    """Decide every step from the facts about this machine (all passed in: no side effects)."""
-    reuse = (
-        launcher_torch is not None
-        and torch_version_supported(launcher_torch)
-        and not launcher_in_venv
-    )
-    index = choose_torch_index(system, has_nvidia_driver, torch_index, cpu_index_reachable)
-    stamp = compute_stamp((root / "pyproject.toml").read_bytes(), reuse, torch_spec, index)
-    return Plan(root, root / ".venv", reuse, torch_spec, index, stamp)
-
-
-def install_is_current(plan: Plan) -> bool:
-    """True when .venv exists and was installed from this same pyproject and torch choice."""
-    stamp = plan.venv / STAMP_NAME
-    return plan.venv_python.exists() and stamp.is_file() and stamp.read_text().strip() == plan.stamp
-
-
-def lab_command(plan: Plan, extra: list[str]) -> list[str]:
-    """``dtlab lab``, spelled through the venv's python (with --system-site-packages the venv may
-    have no console scripts of its own): it starts JupyterLab on labs/ and owns the details."""
-    return [str(plan.venv_python), "-m", "dtlab.cli", "lab", *extra]
-
-
-def test_command(plan: Plan, extra: list[str]) -> list[str]:
-    return [str(plan.venv_python), "-m", "pytest", *extra]
-
-
-def test_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The test run's environment: fast mode unless DTLAB_MODE is already set."""
-    return {**environ, "DTLAB_MODE": environ.get("DTLAB_MODE") or "fast"}
 
 
 def step(message: str) -> None:
@@ -221,7 +114,7 @@ def run_checked(command: list[str], root: Path) -> None:
     subprocess.run(command, cwd=root, check=True)
 
 
-def venv_can_import_torch(plan: Plan) -> bool:
+def venv_can_import_torch(plan: decisions.Plan) -> bool:
     probe = [
         str(plan.venv_python),
         "-c",
@@ -230,9 +123,9 @@ def venv_can_import_torch(plan: Plan) -> bool:
     return subprocess.run(probe, cwd=plan.root).returncode == 0
 
 
-def ensure_installed(plan: Plan) -> None:
+def ensure_installed(plan: decisions.Plan) -> None:
     """Steps 2–5 of the module docstring."""
-    if install_is_current(plan):
+    if decisions.install_is_current(plan):
         step(f"{plan.venv.name} is up to date (stamp matches pyproject.toml); skipping install")
         return
     if plan.venv_python.exists():
@@ -254,12 +147,12 @@ def ensure_installed(plan: Plan) -> None:
         run_checked(plan.install_torch_command(), plan.root)
     step("installing dtlab (editable) with its dev extras: pip install -e .[dev]")
     run_checked(plan.install_dtlab_command(), plan.root)
-    (plan.venv / STAMP_NAME).write_text(plan.stamp + "\n")
+    (plan.venv / decisions.STAMP_NAME).write_text(plan.stamp + "\n")
     step("install complete")
 
 
 def main(argv: list[str] | None = None) -> int:
-    problem = python_problem(sys.version_info)
+    problem = decisions.python_problem(sys.version_info)
     if problem:
         print(problem, file=sys.stderr)
         return 1
@@ -271,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         "action", choices=["lab", "test", "install"], help="what to do after installing"
     )
     parser.add_argument(
-        "--torch", default=DEFAULT_TORCH, help=f"torch requirement (default {DEFAULT_TORCH})"
+        "--torch",
+        default=decisions.DEFAULT_TORCH,
+        help=f"torch requirement (default {decisions.DEFAULT_TORCH})",
     )
     parser.add_argument("--torch-index", default=None, help="index URL for torch, or 'pypi'")
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -280,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     system = platform.system()
     has_nvidia_driver = shutil.which("nvidia-smi") is not None
     probe_cpu_index = args.torch_index is None and system == "Linux" and not has_nvidia_driver
-    plan = make_plan(
+    plan = decisions.make_plan(
         REPO_ROOT,
         torch_spec=args.torch,
         torch_index=args.torch_index,
@@ -304,15 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "install":
         return 0
     if args.action == "lab":
-        command = lab_command(plan, extra)
+        command = decisions.lab_command(plan, extra)
         step("starting JupyterLab on labs/ (Ctrl-C to stop)")
         print("    $ " + " ".join(command), flush=True)
         try:
             return subprocess.call(command, cwd=plan.root)
         except KeyboardInterrupt:
             return 130
-    env = test_environment(dict(os.environ))
-    command = test_command(plan, extra)
+    env = decisions.test_environment(dict(os.environ))
+    command = decisions.test_command(plan, extra)
     step(f"running the tests with DTLAB_MODE={env['DTLAB_MODE']}")
     print("    $ " + " ".join(command), flush=True)
     return subprocess.call(command, cwd=plan.root, env=env)

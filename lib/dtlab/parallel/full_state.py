@@ -69,9 +69,7 @@ def gather_full_parameters(
     masters; frozen parameters come back as they are) or a :class:`~dtlab.parallel.ZeroOptimizer`
     (pass ``module`` for the names; its fp32 masters are gathered).
     """
-    from dtlab.parallel.zero3 import FullyShardedDataParallel
-
-    if isinstance(sharded, FullyShardedDataParallel):
+    if hasattr(sharded, "units"):  # a FullyShardedDataParallel (zero3 uses this module)
         trained = gather_full_tensors(sharded, lambda p: p.detach())
         return {
             name: trained[name] if name in trained else p.detach().cpu().clone()

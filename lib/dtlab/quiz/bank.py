@@ -41,8 +41,9 @@ Kinds and their fields:
     ``exercise``: an id from the exercise registry (:mod:`dtlab.quiz.exercises`); the learner's
     function runs on a Cluster and is compared with the reference.
 
-Loading checks structure only (fast, imports nothing); :func:`reference_problems` also resolves
-numeric keys, library-symbol links and exercise ids, and the test suite runs it on the bank.
+Loading checks structure only (fast, imports nothing);
+:func:`dtlab.quiz.references.reference_problems` also resolves numeric keys, library-symbol links
+and exercise ids, and the test suite runs it on the bank.
 ``Bank.version`` is a hash of the files' contents, recorded with every attempt.
 """
 
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -182,35 +182,6 @@ def load_bank(path_or_dir: str | Path | None = None) -> Bank:
     if problems:
         raise BankError(problems)
     return Bank(items, _version_of(files), tuple(files), titles)
-
-
-def reference_problems(bank: Bank) -> list[str]:
-    """Resolve what loading does not: numeric keys, symbol links, exercise ids. [] when all good."""
-    from dtlab.quiz.exercises import known_exercises
-    from dtlab.quiz.keys import KeyComputationError, compute_key
-
-    problems = []
-    exercises = None
-    for item in bank.values():
-        where = f"{item.file}: item {item.id!r}"
-        if item.kind == "numeric":
-            try:
-                compute_key(item)
-            except KeyComputationError as error:
-                problems.append(f"{where}: {error}")
-        if item.kind == "code":
-            exercises = exercises if exercises is not None else known_exercises()
-            if item.exercise not in exercises:
-                problems.append(f"{where}: exercise {item.exercise!r} is not registered")
-        if item.link.startswith("dtlab"):
-            module_name, _, attribute = item.link.partition(":")
-            try:
-                target = importlib.import_module(module_name)
-                for part in filter(None, attribute.split(".")):
-                    target = getattr(target, part)
-            except (ImportError, AttributeError) as error:
-                problems.append(f"{where}: link {item.link!r} does not resolve ({error})")
-    return problems
 
 
 _cached: dict[Path, Bank] = {}

@@ -11,6 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from dtlab.mesh.layout import Layout, divisors
+
 _groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
@@ -67,14 +69,20 @@ def split_into_groups(group_size: int) -> tuple[dist.ProcessGroup, list[list[int
     """Cut the world into consecutive blocks of ``group_size`` ranks (e.g. "nodes").
 
     Returns this rank's group and the rank lists of all blocks. Every rank must call it.
+    The blocks are the TP groups of the mesh layout ``dp = world / group_size``,
+    ``tp = group_size`` (:class:`dtlab.mesh.Layout` puts ``tp`` innermost, so each TP group is
+    a block of consecutive ranks): a one-dimensional special case of the device mesh.
     """
     n = world_size()
-    if group_size <= 0 or n % group_size:
-        divisors = [d for d in range(1, n + 1) if n % d == 0]
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
         raise ValueError(
-            f"group size {group_size} does not divide world size {n}; choose one of {divisors}"
+            f"group size {group_size!r} must be a positive whole number; choose one of {divisors(n)}"
         )
-    blocks = [list(range(start, start + group_size)) for start in range(0, n, group_size)]
+    if n % group_size:
+        raise ValueError(
+            f"group size {group_size} does not divide world size {n}; choose one of {divisors(n)}"
+        )
+    blocks = Layout(dp=n // group_size, tp=group_size).groups("tp")
     mine = None
     for block in blocks:
         group = group_of(block)

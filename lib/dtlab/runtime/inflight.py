@@ -8,7 +8,8 @@ Outside a run the wrappers only forward the call. During one, this rank keeps
 * **counts** of what it posted: collectives per process group, sends and receives per
   ``(group, peer, tag)``. Operations match in posting order, so when a rank has *returned*
   having posted fewer than a peer waits for, that peer can never complete: the Cluster compares
-  these counts to tell a blocked rank from one still computing (no guessing with a grace time);
+  these counts to tell a blocked rank from one still computing (no guessing with a grace time;
+  the rule is :func:`dtlab.runtime.matching.never_joined`);
 * the **operation the main thread is blocked in** (a collective, or ``wait()`` on a handle);
 * every **unfinished handle** (``isend``/``irecv``/``batch_isend_irecv``/``async_op=True``) with
   the user's line that started it. One left behind would be matched by the *next* run's messages,
@@ -25,40 +26,14 @@ import threading
 import time
 import types
 from contextlib import suppress
-from dataclasses import dataclass
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from dtlab.runtime.hang import WORKER_ENTRY, Frame, dtlab_api, where
+from dtlab.runtime.hang import WORKER_ENTRY
+from dtlab.runtime.matching import Op, op_key
 
 _PRUNE_AT = 256  # prune finished handles past this many, so a long run cannot pile them up
-
-
-@dataclass
-class Op:
-    """One posted operation: ``index`` is its position among this rank's posts with the same key
-    in this run (the 3rd send to rank 1 on group "0", tag 0 has index 3)."""
-
-    call: str
-    kind: str  # "collective", "send" or "recv"
-    group: str
-    members: tuple[int, ...]
-    peer: int | None  # global rank of the other side (p2p); None: a receive from any rank
-    tag: int
-    index: int
-    stack: tuple = ()  # (file, line, function) of the caller's frames, most recent first
-
-    def to_dict(self) -> dict:
-        """Plain data for the Cluster, with the user's line and the dtlab API named."""
-        frames = [Frame(*f) for f in self.stack]
-        fields = {k: v for k, v in vars(self).items() if k != "stack"}
-        return {**fields, "where": where(frames), "api": dtlab_api(frames)}
-
-
-def op_key(kind: str, group: str, peer: int | None = None, tag: int = 0) -> tuple:
-    """The counter an operation advances: ``("collective", group)`` or ``(kind, group, peer, tag)``."""
-    return ("collective", group) if kind == "collective" else (kind, group, peer, tag)
 
 
 class _State:

@@ -2,10 +2,11 @@
 
 A rank is *stuck* only when it is blocked in a tracked operation that can never complete: a peer
 it needs has already returned from the function having posted fewer matching operations
-(:func:`never_joined`; see :mod:`dtlab.runtime.inflight` for the counts). A rank that computes,
-sleeps or waits on a peer that is still running is not stuck, however long it takes — up to the
-Cluster's ``timeout``. While some ranks have returned and others have not, the watcher asks the
-others for their status, soon after each return and then less often (a pipe round trip each).
+(:func:`~dtlab.runtime.matching.never_joined`; :mod:`dtlab.runtime.inflight` keeps the counts).
+A rank that computes, sleeps or waits on a peer that is still running is not stuck, however long
+it takes — up to the Cluster's ``timeout``. While some ranks have returned and others have not,
+the watcher asks the others for their status, soon after each return and then less often (a
+pipe round trip each).
 
 Some waits happen where no tracked call shows (torch's C++ DDP reducer inside ``backward()``).
 Once a rank has raised, a rank that sits in the same torch frame using no CPU time for
@@ -31,41 +32,12 @@ from dtlab.runtime.errors import (
     UnfinishedWork,
 )
 from dtlab.runtime.hang import describe_blocking_call, describe_op, describe_status
-from dtlab.runtime.inflight import op_key
+from dtlab.runtime.matching import never_joined
 
 _FIRST_LOOK_S = 0.01  # first status question after a rank returns; the gap doubles up to ...
 _LOOK_EVERY_S = 1.0
 _IDLE_S, _IDLE_CPU_SHARE = 1.0, 0.05  # no progress: the same torch frame, under 5% of a core
 _RESTARTED = "The cluster was restarted; the next run starts fresh ranks."
-
-
-def never_joined(op: dict, rank: int, finished: dict[int, dict]) -> int | None:
-    """A rank that returned having posted fewer operations than ``op`` (of ``rank``) needs from
-    it, so ``op`` can never complete; ``None`` while every rank it needs may still post.
-
-    ``finished`` maps each returned rank to its counts. Operations match in posting order, so the
-    k-th collective on a group needs every member's k-th, and the k-th send to a peer needs that
-    peer's k-th receive from this rank (a receive from any rank counts too).
-    """
-    group, tag, k, peer = op["group"], op["tag"], op["index"], op["peer"]
-    if op["kind"] == "collective":
-        key = op_key("collective", group)
-        return next(
-            (m for m in op["members"] if m in finished and finished[m].get(key, 0) < k), None
-        )
-    if op["kind"] == "send" and peer in finished:
-        counts = finished[peer]
-        posted = counts.get(op_key("recv", group, rank, tag), 0)
-        posted += counts.get(op_key("recv", group, None, tag), 0)
-        return peer if posted < k else None
-    if op["kind"] == "recv" and peer is not None and peer in finished:
-        return peer if finished[peer].get(op_key("send", group, rank, tag), 0) < k else None
-    if op["kind"] == "recv" and peer is None:  # from any rank: only when every other has returned
-        others = [m for m in op["members"] if m != rank]
-        if all(m in finished for m in others):
-            sent = sum(finished[m].get(op_key("send", group, rank, tag), 0) for m in others)
-            return others[0] if others and sent < k else None
-    return None
 
 
 def _signal_name(exitcode: int | None) -> str:

@@ -1,6 +1,8 @@
 """Workshop tooling: one lab source builds the solution and the student notebook.
 
 * :mod:`dtlab.workshop.source` — read a ``solutions/NN_name.py`` percent-format source;
+* :mod:`dtlab.workshop.solution_blocks` — the ``# BEGIN/END SOLUTION`` blocks of a source and
+  the stub that replaces each in the student edition;
 * :mod:`dtlab.workshop.build` — write ``solutions/NN_name.ipynb`` and ``labs/NN_name.ipynb``
   (``dtlab workshop build [--check]``);
 * :mod:`dtlab.workshop.exercises` — the graded exercises of a lab, for the tests that prove

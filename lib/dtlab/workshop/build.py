@@ -8,6 +8,9 @@ For each ``solutions/NN_name.py`` (percent format, see :mod:`dtlab.workshop.sour
 
       raise NotImplementedError("Exercise: ring_all_reduce — replace this line with your code")
 
+  (the blocks and their stubs: :mod:`dtlab.workshop.solution_blocks`). Every exercise cell is
+  checked against the authoring rules of :mod:`dtlab.workshop.exercises` first.
+
 Output is deterministic — nbformat 4.5, cell ids ``<lab>-<cell index>``, no outputs,
 ``execution_count`` null, the ``python3`` kernel, JSON written the way Jupyter writes it — so
 ``--check`` compares bytes and a stale notebook shows up in CI, not in a learner's hands.
@@ -18,97 +21,21 @@ leaves every notebook either old or new, never truncated.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from dtlab.files import write_atomic
-from dtlab.workshop.source import Cell, LabSource, LabSourceError, read_lab_source
+from dtlab.workshop.exercises import list_exercises
+from dtlab.workshop.solution_blocks import student_source
+from dtlab.workshop.source import Cell, LabSource, read_lab_source
 
-BEGIN_MARKER = "# BEGIN SOLUTION"
-END_MARKER = "# END SOLUTION"
 BUILD_COMMAND = "dtlab workshop build"
 LAB_SOURCE_GLOB = "[0-9][0-9]_*.py"
 LAB_NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
-
-# Loose on purpose: "#BEGIN SOLUTION" or "# END SOLUTION (ring)" must never leak a solution.
-_MARKER_LINE = re.compile(r"^#\s*(?P<which>BEGIN|END)\s+SOLUTION\b")
-_ENCLOSING_DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?:def|class)\s+(?P<name>\w+)")
 
 KERNEL_METADATA = {
     "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
     "language_info": {"name": "python"},
 }
-
-
-@dataclass(frozen=True)
-class SolutionBlock:
-    """One exercise body in a code cell: lines ``begin``..``end`` (0-based, markers included)."""
-
-    begin: int
-    end: int
-    indent: str
-    exercise_name: str
-
-
-def _indent_of(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
-
-
-def _enclosing_name(lines: list[str], begin: int, indent: str, fallback: str) -> str:
-    """Name of the nearest ``def``/``class`` above line ``begin`` that encloses it."""
-    for line in reversed(lines[:begin]):
-        found = _ENCLOSING_DEF.match(line)
-        if found and len(found["indent"]) < len(indent):
-            return found["name"]
-    return fallback
-
-
-def find_solution_blocks(cell: Cell, path: Path | str, cell_index: int) -> list[SolutionBlock]:
-    """Locate the BEGIN/END SOLUTION blocks of a code cell; unbalanced markers name file:line."""
-    lines = cell.source.split("\n")
-    blocks: list[SolutionBlock] = []
-    open_at: int | None = None
-    for i, line in enumerate(lines):
-        marker = _MARKER_LINE.match(line.strip())
-        which = marker["which"] if marker else None
-        where = f"{path}:{cell.line + i}"
-        if which == "BEGIN":
-            if open_at is not None:
-                raise LabSourceError(
-                    f"{where}: '{BEGIN_MARKER}' inside the block opened at line "
-                    f"{cell.line + open_at}; close that block with '{END_MARKER}' first"
-                )
-            open_at = i
-        elif which == "END":
-            if open_at is None:
-                raise LabSourceError(
-                    f"{where}: '{END_MARKER}' without a '{BEGIN_MARKER}' above it in this cell"
-                )
-            indent = _indent_of(lines[open_at])
-            name = _enclosing_name(lines, open_at, indent, fallback=f"cell {cell_index}")
-            blocks.append(SolutionBlock(open_at, i, indent, name))
-            open_at = None
-    if open_at is not None:
-        raise LabSourceError(
-            f"{path}:{cell.line + open_at}: '{BEGIN_MARKER}' is never closed; add "
-            f"'{END_MARKER}' in the same cell, at the end of the exercise body"
-        )
-    return blocks
-
-
-def exercise_stub(name: str) -> str:
-    """The line a student sees in place of a solution."""
-    return f'raise NotImplementedError("Exercise: {name} — replace this line with your code")'
-
-
-def student_source(cell: Cell, path: Path | str, cell_index: int) -> str:
-    """The cell's source with every solution block replaced by :func:`exercise_stub`."""
-    lines = cell.source.split("\n")
-    for block in reversed(find_solution_blocks(cell, path, cell_index)):
-        stub = block.indent + exercise_stub(block.exercise_name)
-        lines[block.begin : block.end + 1] = [stub]
-    return "\n".join(lines)
 
 
 def _cell_json(lab: LabSource, index: int, cell: Cell, source: str) -> dict:
@@ -156,8 +83,6 @@ def lab_sources(root: Path) -> list[Path]:
 
 def planned_notebooks(root: Path) -> dict[Path, str]:
     """Output path → notebook text for every lab source (nothing is written)."""
-    from dtlab.workshop.exercises import list_exercises
-
     planned: dict[Path, str] = {}
     for path in lab_sources(root):
         lab = read_lab_source(path)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from dtlab.workshop.build import find_solution_blocks, student_source
+from dtlab.workshop.solution_blocks import find_solution_blocks, student_source
 from dtlab.workshop.source import Cell, LabSource, LabSourceError
 
 _ALLOWED_STATEMENTS = (

@@ -6,19 +6,23 @@ The learner answers the four stages of the design interview as four small functi
    (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", Sec. 2.1, for ``C ≈ 6ND``).
 2. ``memory_per_gpu(params, plan)`` — model-state bytes on one GPU: TP × PP split the model,
    ZeRO shards its state over DP (Rajbhandari et al. 2020, Sec. 5).
-3. ``choose_plan(req)`` — a ``ParallelPlan`` that fits, checked by ``plan_problems``
-   (both in :mod:`~dtlab.quiz.graders.capstone_jobs`, with the jobs and reference answers).
+3. ``choose_plan(req)`` — a ``ParallelPlan`` that fits, checked by ``plan_problems``.
 4. ``checkpoint_interval_s(req)`` — Young/Daly ``sqrt(2·C·MTBF)`` for this job.
 
+The jobs, the plan and every reference answer are the planner's, :mod:`dtlab.plan`; this module
+holds only the grading: which cases run, what counts as the library's answer, and two jobs the
+lab never shows (:data:`UNSEEN_JOBS`).
+
 Each grader runs the learner's function **on every rank** of the cluster over the lab's jobs
-(70B, 13B, 7B) and two it never shows, so a hard-coded answer — or a table of the shown jobs'
+(70B, 13B, 7B) and the two unseen ones, so a hard-coded answer — or a table of the shown jobs'
 answers — fails, and requires every rank to agree: in a real job every
 rank derives the plan from the same config, and two ranks that disagree build mismatched groups.
 A function that calls the library's own answer — ``dtlab.cost.training_days``,
-``dtlab.memory.model_state_bytes``, ``dtlab.cost.young_daly_interval``, or this module's
-references — fails too, under whatever name it was imported
+``dtlab.memory.model_state_bytes``, ``dtlab.cost.young_daly_interval``, or the planner's
+``dtlab.plan`` functions — fails too, under whatever name it was imported
 (:func:`~dtlab.quiz.graders.watch.noticing_calls`): the formula is the skill. ``plan_problems``,
-the interviewer's checklist, stays allowed in ``choose_plan``: the skill there is the search order.
+the interviewer's checklist, stays allowed in ``choose_plan``: the skill there is the search order
+(so the planner's own search, ``dtlab.plan.first_plan_that_fits``, is refused).
 """
 
 from __future__ import annotations
@@ -30,44 +34,34 @@ from typing import Any
 from dtlab.cost import training_days as cost_training_days
 from dtlab.cost import young_daly_interval
 from dtlab.memory import fsdp2_state_bytes, model_state_bytes
-from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
-from dtlab.quiz.graders.capstone_jobs import (
-    CHECKPOINT_BYTES_PER_PARAM,
+from dtlab.plan import (
     JOBS,
-    LLAMA_7B,
-    LLAMA_13B,
-    LLAMA_70B,
     ParallelPlan,
     Requirements,
     activation_bytes_per_gpu,
-    micro_batches,
+    candidate_plans,
+    checkpoint_interval_s,
+    days_to_train,
+    first_plan_that_fits,
     pipeline_bubble,
     plan_problems,
-    reference_checkpoint_interval_s,
-    reference_memory_per_gpu,
-    reference_training_days,
+    state_bytes_per_gpu,
 )
-from dtlab.quiz.graders.capstone_jobs import UNSEEN_JOBS as _UNSEEN_JOBS
+from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
 from dtlab.quiz.graders.watch import noticing_calls
 
-GRADED_JOBS = JOBS + _UNSEEN_JOBS  # the lab's three jobs, and two it never shows
-
-__all__ = [  # the jobs and references live in capstone_jobs; lab 12 imports them from here
-    "CHECKPOINT_BYTES_PER_PARAM",
-    "JOBS",
-    "LLAMA_7B",
-    "LLAMA_13B",
-    "LLAMA_70B",
-    "ParallelPlan",
-    "Requirements",
-    "activation_bytes_per_gpu",
-    "micro_batches",
-    "pipeline_bubble",
-    "plan_problems",
-    "reference_checkpoint_interval_s",
-    "reference_memory_per_gpu",
-    "reference_training_days",
-]
+# Graded but never shown in the lab: a table of the shown jobs' answers fails on these.
+UNSEEN_JOBS = (
+    Requirements(
+        "34B on 512 H100", 34e9, 48, 8192, 64, 4096, 1e12, 4 * 2**20, 512,
+        mfu=0.38, per_gpu_mtbf_hours=40_000.0,
+    ),
+    Requirements(
+        "7B on 32 A100-80GB", 7e9, 32, 4096, 32, 4096, 5e11, 2**20, 32,
+        gpu="a100_80gb", mfu=0.5, storage_write_bytes_per_s=20e9,
+    ),
+)  # fmt: skip
+GRADED_JOBS = JOBS + UNSEEN_JOBS  # the lab's three jobs, and two it never shows
 
 
 # -- graders ------------------------------------------------------------------------------
@@ -112,11 +106,11 @@ def _compare_numbers(
 def grade_training_days(fn: Callable, cluster: Any) -> GradeResult:
     answers_of = {
         cost_training_days: "dtlab.cost.training_days",
-        reference_training_days: "reference_training_days",
+        days_to_train: "dtlab.plan.days_to_train",
     }
     write = "write 6·N·D / (GPUs · peak FLOP/s · MFU), in days, yourself"
     got = _run_on_every_rank(fn, [(job,) for job in GRADED_JOBS], cluster, answers_of, write)
-    want = [reference_training_days(job) for job in GRADED_JOBS]
+    want = [days_to_train(job) for job in GRADED_JOBS]
     details = _compare_numbers("training days", [j.name for j in GRADED_JOBS], got, want, 0.01)
     return GradeResult(
         True, "6·N·D / (GPUs · peak · MFU), converted to days, for every job.", details
@@ -139,14 +133,14 @@ def grade_memory_per_gpu(fn: Callable, cluster: Any) -> GradeResult:
     answers_of = {
         model_state_bytes: "dtlab.memory.model_state_bytes",
         fsdp2_state_bytes: "dtlab.memory.fsdp2_state_bytes",
-        reference_memory_per_gpu: "reference_memory_per_gpu",
+        state_bytes_per_gpu: "dtlab.plan.state_bytes_per_gpu",
     }
     write = (
         "add up 2 + 2 + 12 bytes per parameter of the TP·PP shard, dividing what ZeRO shards by dp"
     )
     got = _run_on_every_rank(fn, MEMORY_CASES, cluster, answers_of, write)
     labels = [f"{p / 1e9:g}B {plan}" for p, plan in MEMORY_CASES]
-    want = [reference_memory_per_gpu(p, plan) for p, plan in MEMORY_CASES]
+    want = [state_bytes_per_gpu(p, plan) for p, plan in MEMORY_CASES]
     _compare_numbers("memory per GPU (bytes)", labels, got, want, 0.001)
     return GradeResult(
         True,
@@ -157,7 +151,12 @@ def grade_memory_per_gpu(fn: Callable, cluster: Any) -> GradeResult:
 
 @exercise("capstone.choose_plan", title="Parallelism plan that fits", world_size=2)
 def grade_choose_plan(fn: Callable, cluster: Any) -> GradeResult:
-    plans = _run_on_every_rank(fn, [(job,) for job in GRADED_JOBS], cluster)
+    answers_of = {
+        first_plan_that_fits: "dtlab.plan.first_plan_that_fits",
+        candidate_plans: "dtlab.plan.candidate_plans",
+    }
+    write = "loop over tp, pp, ZeRO stage and interleaving yourself, in the expert's order"
+    plans = _run_on_every_rank(fn, [(job,) for job in GRADED_JOBS], cluster, answers_of, write)
     details, wrong = {}, []
     for job, plan in zip(GRADED_JOBS, plans, strict=True):
         if not isinstance(plan, ParallelPlan):
@@ -167,7 +166,7 @@ def grade_choose_plan(fn: Callable, cluster: Any) -> GradeResult:
         wrong += [f"{job.name}: {p}" for p in problems]
         if not problems:
             details[job.name] = (
-                f"{plan} — {(reference_memory_per_gpu(job.params, plan) + activation_bytes_per_gpu(job, plan)) / 1e9:.1f}"
+                f"{plan} — {(state_bytes_per_gpu(job.params, plan) + activation_bytes_per_gpu(job, plan)) / 1e9:.1f}"
                 f" GB/GPU, bubble {pipeline_bubble(job, plan):.1%}"
             )
     if wrong:
@@ -183,11 +182,11 @@ def grade_choose_plan(fn: Callable, cluster: Any) -> GradeResult:
 def grade_checkpoint_interval(fn: Callable, cluster: Any) -> GradeResult:
     answers_of = {
         young_daly_interval: "dtlab.cost.young_daly_interval",
-        reference_checkpoint_interval_s: "reference_checkpoint_interval_s",
+        checkpoint_interval_s: "dtlab.plan.checkpoint_interval_s",
     }
     write = "write sqrt(2 · checkpoint seconds · cluster MTBF seconds) yourself"
     got = _run_on_every_rank(fn, [(job,) for job in GRADED_JOBS], cluster, answers_of, write)
-    want = [reference_checkpoint_interval_s(job) for job in GRADED_JOBS]
+    want = [checkpoint_interval_s(job) for job in GRADED_JOBS]
     details = _compare_numbers(
         "checkpoint interval (s)", [j.name for j in GRADED_JOBS], got, want, 0.01
     )

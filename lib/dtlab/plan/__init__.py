@@ -1,0 +1,58 @@
+"""The planner: what a parallel layout costs a training job at scale, and which layout to pick.
+
+The system-design answer an interviewer expects ("train a 70B model on 2,048 H100s"), as code
+that labs, quiz keys and lab 12's graders import (graders never contain it):
+
+* :mod:`~dtlab.plan.job` — :class:`Requirements`, the job (model, data, cluster, targets), and
+  the Llama-2-shaped presets :data:`LLAMA_70B`, :data:`LLAMA_13B`, :data:`LLAMA_7B`;
+* :mod:`~dtlab.plan.parallel_plan` — :class:`ParallelPlan`, a ``(dp, tp, pp)``
+  :class:`dtlab.mesh.Layout` plus ZeRO stage, micro-batch size and interleaving;
+* :mod:`~dtlab.plan.layout_cost` — per GPU: model state, activations, pipeline bubble and bytes
+  sent per step along each dimension;
+* :mod:`~dtlab.plan.problems` — :func:`plan_problems`, the checklist a plan must pass;
+* :mod:`~dtlab.plan.search` — :func:`first_plan_that_fits`, in the expert's order of preference;
+* :mod:`~dtlab.plan.wall_clock` — days of compute (``6·N·D``) and the Young/Daly checkpoint
+  interval.
+
+    from dtlab.plan import LLAMA_70B, ParallelPlan, plan_problems
+    plan_problems(LLAMA_70B, ParallelPlan(dp=256, tp=8, pp=1, zero_stage=1))   # [] or reasons
+"""
+
+from dtlab.plan.job import JOBS, LLAMA_7B, LLAMA_13B, LLAMA_70B, Requirements
+from dtlab.plan.layout_cost import (
+    StepTraffic,
+    activation_bytes_per_gpu,
+    micro_batches,
+    pipeline_bubble,
+    state_bytes_per_gpu,
+    traffic_per_gpu,
+)
+from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.problems import plan_problems
+from dtlab.plan.search import candidate_plans, first_plan_that_fits
+from dtlab.plan.wall_clock import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    checkpoint_interval_s,
+    days_to_train,
+)
+
+__all__ = [
+    "CHECKPOINT_BYTES_PER_PARAM",
+    "JOBS",
+    "LLAMA_7B",
+    "LLAMA_13B",
+    "LLAMA_70B",
+    "ParallelPlan",
+    "Requirements",
+    "StepTraffic",
+    "activation_bytes_per_gpu",
+    "candidate_plans",
+    "checkpoint_interval_s",
+    "days_to_train",
+    "first_plan_that_fits",
+    "micro_batches",
+    "pipeline_bubble",
+    "plan_problems",
+    "state_bytes_per_gpu",
+    "traffic_per_gpu",
+]
