@@ -270,8 +270,10 @@ BACKEND_WORDS = re.compile(r"\b(gloo|cuda)\b", re.IGNORECASE)
 TEACHES_THE_BACKENDS = {("00_setup", "## 2. Start a cluster")}
 AUDITED_LABS = (
     "00_setup",
+    "01_collectives",
     "02_data_parallel",
     "03_zero_fsdp",
+    "04_tensor_parallel",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)
 
