@@ -15,6 +15,11 @@ each entry is the public function with ``algorithm=name`` filled in. ``group`` m
 (every rank), a process group or a list of global ranks; roots are indices *within* the group.
 Any world size, any length (chunks cut by the tensor_split rule), any dtype, sum/avg/max/min.
 
+``algorithm="auto"`` (all-reduce, reduce-scatter, all-gather) prices every schedule of the op on
+an α-β link model fitted on this machine and runs the cheapest, as NCCL's tuner does
+(:mod:`~dtlab.collectives.auto`: :func:`choose_algorithm`, :func:`last_choice`,
+:func:`set_link_model`, :func:`fit_link_model`).
+
 Every public collective first checks that its ranks were asked the same thing — lengths,
 dtypes, roots, algorithms — with a small *control message* that is not counted in
 :func:`comm_stats` (:mod:`~dtlab.collectives.agreement`): ranks that disagree all raise
@@ -29,6 +34,14 @@ from dtlab.collectives.agreement import CollectiveMismatch
 from dtlab.collectives.allgather import ALL_GATHERS, all_gather
 from dtlab.collectives.allreduce import ALL_REDUCES, all_reduce
 from dtlab.collectives.alltoall import all_to_all
+from dtlab.collectives.auto import (
+    AutoChoice,
+    choose_algorithm,
+    fit_link_model,
+    last_choice,
+    link_model,
+    set_link_model,
+)
 from dtlab.collectives.barrier import barrier
 from dtlab.collectives.broadcast import broadcast
 from dtlab.collectives.gather_scatter import gather, scatter
@@ -61,6 +74,7 @@ ALGORITHMS: dict[str, dict[str, partial]] = {
 __all__ = [
     "ALGORITHMS",
     "REDUCE_OPS",
+    "AutoChoice",
     "CollectiveMismatch",
     "CommStats",
     "Peers",
@@ -69,17 +83,22 @@ __all__ = [
     "all_to_all",
     "barrier",
     "broadcast",
+    "choose_algorithm",
     "chunk_bounds",
     "chunk_sizes",
     "comm_stats",
     "counting",
+    "fit_link_model",
     "gather",
     "hierarchical_all_reduce",
+    "last_choice",
+    "link_model",
     "node_layout",
     "peers_of",
     "reduce",
     "reduce_scatter",
     "scatter",
+    "set_link_model",
     "simulate",
     "traffic_matrix",
 ]

@@ -7,8 +7,9 @@ timeout (NCCL's watchdog: ten minutes). So every public collective in this packa
 **all-gathers a descriptor of the call** from every rank and compares them. On a disagreement
 *every* rank raises :class:`CollectiveMismatch`, naming the ranks and what each one passed;
 otherwise the payload moves. A descriptor is ``8 + 2N`` int64: which collective, algorithm,
-dtype, element count, root, reduce op, and two lists of per-rank counts (an all-gather's
-``sizes``; an all-to-all's send and receive row counts).
+dtype, element count, root, reduce op, one more number (an all-to-all's row width, a
+hierarchical all-reduce's ranks per node, ``algorithm="auto"``'s link model fingerprint) and two
+lists of per-rank counts (an all-gather's ``sizes``; an all-to-all's send and receive row counts).
 
 The exchange is a **control message**, not payload:
 
@@ -43,6 +44,7 @@ _WORDS = (
     *("naive", "ring", "recursive_doubling", "rabenseifner", "binary_tree"),
     *("flat", "binomial", "chain", "pairwise"),
     *("sum", "avg", "max", "min"),
+    *("double_binary_tree", "recursive_halving", "auto"),
 )
 _DTYPES = tuple(
     getattr(torch, name)
@@ -69,7 +71,7 @@ class CallDescriptor:
     numel: int = 0
     root: int = -1
     op: str = ""
-    detail: int = 0  # all-to-all: elements per row; hierarchical: ranks per node
+    detail: int = 0  # all-to-all: elements per row; hierarchical: ranks per node; auto: link
     counts: tuple[int, ...] | None = None  # all-gather: sizes; all-to-all: send_splits
     more_counts: tuple[int, ...] | None = None  # all-to-all: recv_splits
 
@@ -159,9 +161,18 @@ _MUST_AGREE = (
     ("numel", "the number of elements", "pass a tensor with the same number of elements on "
      "every rank"),
 )  # fmt: skip
+_LINK_MODEL = (
+    "the link model algorithm='auto' prices the schedules with (a fingerprint of α and the "
+    "bandwidth; 0: none yet)",
+    "call dtlab.collectives.fit_link_model() on every rank before the first auto call (or "
+    "set_link_model(alpha_s, bandwidth) with the same numbers everywhere)",
+)
 _DETAIL = {
     "all_to_all": ("the elements per row", "give the rows the same shape on every rank"),
     "hierarchical_all_reduce": ("the ranks per node", "pass the same ranks_per_node everywhere"),
+    "all_reduce": _LINK_MODEL,  # detail is used by algorithm="auto" only (collectives.auto)
+    "reduce_scatter": _LINK_MODEL,
+    "all_gather": _LINK_MODEL,
 }
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dtlab.collectives import auto
 from dtlab.collectives.agreement import (
     CallDescriptor,
     CollectiveMismatch,
@@ -100,6 +101,7 @@ def all_gather_recursive_doubling_(
 
 
 ALL_GATHERS = {"ring": all_gather_ring_, "recursive_doubling": all_gather_recursive_doubling_}
+auto.AUTO_CANDIDATES["all_gather"] = tuple(ALL_GATHERS)
 
 
 def all_gather(
@@ -118,12 +120,10 @@ def all_gather(
     unequal chunks without it raise :class:`~dtlab.collectives.agreement.CollectiveMismatch`
     on every rank, naming each rank's length, instead of hanging. The result is a new tensor, or ``out`` (contiguous, ``sum(sizes)`` elements, the chunk's
     dtype) when given — as ``all_gather_into_tensor`` reuses its output, sparing a fresh buffer's
-    page faults on every call.
+    page faults on every call. ``algorithm="auto"`` runs the schedule the α-β model predicts
+    fastest (:mod:`~dtlab.collectives.auto`; ``M`` is the gathered buffer's bytes).
     """
-    if algorithm not in ALL_GATHERS:
-        raise ValueError(
-            f"unknown all-gather algorithm {algorithm!r}; choose one of {list(ALL_GATHERS)}"
-        )
+    auto.check_algorithm("all_gather", algorithm, list(ALL_GATHERS))
     peers = peers_of(group)
     if sizes is not None:
         sizes = [int(s) for s in sizes]
@@ -138,7 +138,7 @@ def all_gather(
         chunk.numel(),
         counts=None if sizes is None else tuple(sizes),
     )
-    calls = check_agreement(peers, call, chunk.device, same_numel=False)
+    calls = check_agreement(peers, auto.call_descriptor(call), chunk.device, same_numel=False)
     held = [c.numel for c in calls]
     expected = [list(c.counts) if c.counts is not None else [c.numel] * peers.size for c in calls]
     if all(c.counts is None for c in calls) and len(set(held)) > 1:
@@ -167,5 +167,10 @@ def all_gather(
         out = out.view(-1)
     out[slice(*bounds[peers.rank])] = flat_view(chunk)[0]
     if peers.size > 1:
-        ALL_GATHERS[algorithm](out, peers, bounds)
+        chosen = algorithm
+        if algorithm == auto.AUTO:
+            nbytes = out.numel() * out.element_size()
+            chosen = auto.choose_for_call(peers, "all_gather", nbytes, out.device).algorithm
+        with auto.labelled(algorithm, chosen):
+            ALL_GATHERS[chosen](out, peers, bounds)
     return out

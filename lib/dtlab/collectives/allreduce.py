@@ -1,6 +1,6 @@
 """All-reduce: every rank ends with the combination (sum, avg, max, min) of every rank's buffer.
 
-Five schedules for the same result; ``M`` is the buffer's bytes, ``N`` the ranks, ``p`` the largest
+Six schedules for the same result; ``M`` is the buffer's bytes, ``N`` the ranks, ``p`` the largest
 power of two ≤ ``N``. Bytes are those each rank sends (power-of-two ``N``, ``N`` dividing the length).
 
 =======================  ===========================================  ==================  ==============================
@@ -14,6 +14,8 @@ algorithm                who sends what to whom                       bytes sent
                          recursive-doubling all-gather
 ``binary_tree``          reduce up a binary tree to rank 0, then      ``≤ 3 M`` (leaves   ``2 floor(log2 N)``
                          broadcast down it                            ``M``)              ``· (α + 2 M β)``
+``double_binary_tree``   half the buffer up and down each of two      ``≤ 2 M``           ``2 (h + S - 1)``
+                         trees, pipelined in ``S`` segments                               ``· (α + M/S · β)``
 =======================  ===========================================  ==================  ==============================
 
 The ring is bandwidth-optimal (Patarasuk & Yuan 2009; what NCCL runs for large messages and what
@@ -22,6 +24,10 @@ latencies instead of ``2 (N-1)``, so they win for small messages. Rabenseifner (
 collective reduction operations", ICCS 2004) gets both: the ring's bytes with ``log N`` steps.
 For ``N`` not a power of two, recursive doubling and Rabenseifner first fold the first
 ``2 (N-p)`` ranks in pairs (even hands its buffer to odd) and unfold at the end (Thakur et al. 2005).
+The double binary tree (:mod:`~dtlab.collectives.double_tree`; Sanders, Speck & Träff 2009,
+NCCL's "tree") keeps the tree's ``log N`` latency at the ring's bandwidth: every rank is a leaf
+in one of two trees, so no link carries more than ``2 M``. ``algorithm="auto"`` prices all six
+on a fitted α-β model and runs the cheapest (:mod:`~dtlab.collectives.auto`).
 The ring streams its chunks in segments of at most 4 MiB, several in flight
 (:mod:`~dtlab.collectives.ring_pipeline`): same bytes and steps, ``K`` messages per step for
 chunks of ``K`` segments, and steps that overlap; the model above is the textbook ring's.
@@ -31,8 +37,10 @@ from __future__ import annotations
 
 import torch
 
+from dtlab.collectives import auto
 from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.broadcast import broadcast_flat_
+from dtlab.collectives.double_tree import all_reduce_double_binary_tree_
 from dtlab.collectives.ops import (
     combine_,
     finish_,
@@ -174,7 +182,9 @@ ALL_REDUCES = {
     "recursive_doubling": all_reduce_recursive_doubling_,
     "rabenseifner": all_reduce_rabenseifner_,
     "binary_tree": all_reduce_binary_tree_,
+    "double_binary_tree": all_reduce_double_binary_tree_,
 }
+auto.AUTO_CANDIDATES["all_reduce"] = tuple(ALL_REDUCES)
 
 
 def all_reduce(
@@ -189,21 +199,26 @@ def all_reduce(
 
     Every rank must pass the same number of elements, dtype, op and algorithm; a rank that does
     not makes every rank raise :class:`~dtlab.collectives.agreement.CollectiveMismatch`.
+    ``algorithm="auto"`` runs the schedule the α-β model predicts fastest for this size and
+    group (:mod:`~dtlab.collectives.auto`).
     """
-    if algorithm not in ALL_REDUCES:
-        raise ValueError(
-            f"unknown all-reduce algorithm {algorithm!r}; choose one of {list(ALL_REDUCES)}"
-        )
+    auto.check_algorithm("all_reduce", algorithm, list(ALL_REDUCES))
     op = normalize_op(op)
     peers = peers_of(group)
     call = CallDescriptor("all_reduce", algorithm, tensor.dtype, tensor.numel(), op=op)
-    check_agreement(peers, call, tensor.device)
+    check_agreement(peers, auto.call_descriptor(call), tensor.device)
     target = tensor if out is None else out.copy_(tensor)
     flat, is_view = flat_view(target)
     if peers.size == 1 or flat.numel() == 0:
         finish_(flat, op, peers.size)
     else:
-        ALL_REDUCES[algorithm](flat, op, peers)
+        chosen, choice = algorithm, None
+        if algorithm == auto.AUTO:
+            nbytes = flat.numel() * flat.element_size()
+            choice = auto.choose_for_call(peers, "all_reduce", nbytes, flat.device)
+            chosen = choice.algorithm
+        with auto.labelled(algorithm, chosen):
+            ALL_REDUCES[chosen](flat, op, peers, **auto.schedule_options(choice))
     if not is_view:
         target.copy_(flat.view_as(target))
     return target

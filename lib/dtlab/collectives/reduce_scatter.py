@@ -14,18 +14,32 @@ algorithms send every chunk but one's own, so rank ``r`` sends ``M - |chunk r|``
     ``N-1`` steps. At step ``s`` rank ``r`` sends chunk ``r+s`` straight to its owner ``r+s`` and
     receives rank ``r-s``'s copy of chunk ``r``. Same bytes and steps as the ring, but every rank
     talks to every other: no neighbour structure to exploit, no forwarding.
+``recursive_halving``
+    ``log2 N`` steps (Thakur, Rabenseifner & Gropp, "Optimization of collective communication
+    operations in MPICH", IJHPCA 2005). At distance ``N/2, N/4, …, 1`` rank ``r`` keeps
+    the half of its current range of chunks that holds chunk ``r``, sends the other half to
+    ``r XOR distance`` and adds in the partner's copy of the half it kept; the range halves every
+    step and ends as chunk ``r``. Same ``(N-1)/N · M`` bytes as the ring in ``log2 N`` instead of
+    ``N-1`` latencies: time ``log2 N · α + (N-1)/N · M β``. For ``N`` not a power of two
+    (``p`` the largest power of two ≤ ``N``) the first ``2 (N-p)`` ranks pair up first, as in
+    :mod:`~dtlab.collectives.allreduce`: even rank ``r`` hands its whole buffer to ``r+1``
+    (``M`` bytes) and sits out; ``r+1`` then speaks for both chunks ``r`` and ``r+1`` in the
+    halving, and at the end sends chunk ``r`` back (``M/N`` bytes). Two more steps, and the
+    fold's ``M`` bytes: the ring wins for large buffers there.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dtlab.collectives import auto
 from dtlab.collectives.agreement import CallDescriptor, check_agreement
 from dtlab.collectives.ops import (
     chunk_bounds,
     combine_,
     finish_,
     flat_view,
+    largest_power_of_two_at_most,
     normalize_op,
     workspace,
 )
@@ -71,7 +85,61 @@ def reduce_scatter_pairwise_(
     return bounds
 
 
-REDUCE_SCATTERS = {"ring": reduce_scatter_ring_, "pairwise": reduce_scatter_pairwise_}
+def reduce_scatter_recursive_halving_(
+    flat: torch.Tensor, op: str, peers: Peers, *, name: str = "reduce_scatter.recursive_halving"
+) -> list[tuple[int, int]]:
+    """In place, like :func:`reduce_scatter_ring_`, by recursive halving (folding in first when
+    ``N`` is not a power of two)."""
+    n, r = peers.size, peers.rank
+    bounds = chunk_bounds(flat.numel(), n)
+    p = largest_power_of_two_at_most(n)
+    extra, rounds = n - p, p.bit_length() - 1
+
+    # After the fold, "new rank" w speaks for real ranks first_real(w) .. last_real(w).
+    def first_real(w: int) -> int:
+        return 2 * w if w < extra else w + extra
+
+    def last_real(w: int) -> int:  # also the real rank that is active for w
+        return 2 * w + 1 if w < extra else w + extra
+
+    def elements_of(w_lo: int, w_hi: int) -> slice:
+        return slice(bounds[first_real(w_lo)][0], bounds[last_real(w_hi - 1)][1])
+
+    if r < 2 * extra and r % 2 == 0:
+        peers.send(r + 1, flat, name=name + " fold", step=0)
+        peers.recv(r + 1, flat[slice(*bounds[r])], name=name + " unfold", step=rounds + 1)
+        return bounds
+    scratch = workspace(flat.numel(), flat)
+    if r < 2 * extra:
+        peers.recv(r - 1, scratch, name=name + " fold", step=0)
+        combine_(flat, scratch, op)
+    new = r // 2 if r < 2 * extra else r - extra
+    lo, hi = 0, p  # the new ranks whose chunks this rank still adds up
+    for step, mask in enumerate(p >> (k + 1) for k in range(rounds)):
+        mid = lo + mask
+        keep, give = ((mid, hi), (lo, mid)) if new & mask else ((lo, mid), (mid, hi))
+        kept = elements_of(*keep)
+        incoming = scratch[: kept.stop - kept.start]
+        partner = last_real(new ^ mask)
+        peers.exchange(
+            sends=[(partner, flat[elements_of(*give)])],
+            recvs=[(partner, incoming)],
+            name=name,
+            step=step + 1,
+        )
+        combine_(flat[kept], incoming, op)
+        lo, hi = keep
+    if r < 2 * extra:
+        peers.send(r - 1, flat[slice(*bounds[r - 1])], name=name + " unfold", step=rounds + 1)
+    return bounds
+
+
+REDUCE_SCATTERS = {
+    "ring": reduce_scatter_ring_,
+    "pairwise": reduce_scatter_pairwise_,
+    "recursive_halving": reduce_scatter_recursive_halving_,
+}
+auto.AUTO_CANDIDATES["reduce_scatter"] = tuple(REDUCE_SCATTERS)
 
 
 def reduce_scatter(
@@ -80,15 +148,21 @@ def reduce_scatter(
     """This rank's chunk of the reduction of every rank's ``tensor`` (flattened, tensor_split rule).
 
     ``tensor`` is left unchanged; the result is a new 1-D tensor of ``|chunk rank|`` elements.
+    ``algorithm="auto"`` runs the schedule the α-β model predicts fastest
+    (:mod:`~dtlab.collectives.auto`; ``M`` is the input's bytes).
     """
-    if algorithm not in REDUCE_SCATTERS:
-        raise ValueError(
-            f"unknown reduce-scatter algorithm {algorithm!r}; choose one of {list(REDUCE_SCATTERS)}"
-        )
+    auto.check_algorithm("reduce_scatter", algorithm, list(REDUCE_SCATTERS))
     op = normalize_op(op)
     peers = peers_of(group)
     call = CallDescriptor("reduce_scatter", algorithm, tensor.dtype, tensor.numel(), op=op)
-    check_agreement(peers, call, tensor.device)
+    check_agreement(peers, auto.call_descriptor(call), tensor.device)
     work = flat_view(tensor)[0].clone()
-    bounds = REDUCE_SCATTERS[algorithm](work, op, peers) if peers.size > 1 else [(0, work.numel())]
+    if peers.size == 1:
+        return finish_(work, op, 1)
+    chosen = algorithm
+    if algorithm == auto.AUTO:
+        nbytes = work.numel() * work.element_size()
+        chosen = auto.choose_for_call(peers, "reduce_scatter", nbytes, work.device).algorithm
+    with auto.labelled(algorithm, chosen):
+        bounds = REDUCE_SCATTERS[chosen](work, op, peers)
     return finish_(work[slice(*bounds[peers.rank])].clone(), op, peers.size)

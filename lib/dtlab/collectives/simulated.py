@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from dtlab.collectives import p2p
+from dtlab.collectives import auto, p2p
+from dtlab.cost.alpha_beta import Link
 
 
 class _PostedRecv:
@@ -86,6 +87,7 @@ class _SimulatedRank:
     size: int
     transport: _QueueTransport
     stats: p2p.CommStats = field(default_factory=p2p.CommStats)
+    link_model: Link | None = None  # what algorithm="auto" prices with (dtlab.collectives.auto)
 
 
 def simulate(world_size: int, fn: Callable[..., Any], *args, timeout: float = 10.0, **kwargs):
@@ -97,9 +99,11 @@ def simulate(world_size: int, fn: Callable[..., Any], *args, timeout: float = 10
     mailboxes = {(s, d): queue.Queue() for s in range(world_size) for d in range(world_size)}
     results: list[Any] = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
+    inherited = auto.link_model()  # each simulated rank starts from the process's link model
 
     def body(r: int) -> None:
-        p2p._thread.world = _SimulatedRank(r, world_size, _QueueTransport(mailboxes, r, timeout))
+        transport = _QueueTransport(mailboxes, r, timeout)
+        p2p._thread.world = _SimulatedRank(r, world_size, transport, link_model=inherited)
         try:
             results[r] = fn(*args, **kwargs)
         except BaseException as error:  # re-raised below, naming the rank

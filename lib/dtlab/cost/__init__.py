@@ -9,6 +9,9 @@ predictions come from here and are printed next to the measured values they pred
 * :mod:`~dtlab.cost.flops` — ``6N`` FLOPs per token, MFU, training days, GPT parameter count.
 * :mod:`~dtlab.cost.bubble` — pipeline bubble in both conventions.
 * :mod:`~dtlab.cost.reliability` — cluster MTBF and the Young/Daly checkpoint interval.
+* :mod:`~dtlab.cost.collectives`, :mod:`~dtlab.cost.trees`, :mod:`~dtlab.cost.tuner` — every
+  collective schedule's α-β time and bytes per rank, the double binary tree's shape, and the
+  tuner that picks the fastest schedule (``algorithm="auto"``).
 """
 
 from dtlab.cost.alpha_beta import Link, ring_allreduce_time
@@ -82,6 +85,12 @@ from dtlab.cost.hierarchy import (  # noqa: E402
     hierarchical_all_reduce_time,
     hierarchical_speedup,
 )
+from dtlab.cost.tuner import (  # noqa: E402
+    best_segments,
+    choice_switches,
+    fastest_algorithm,
+    predicted_times,
+)
 
 __all__ += [
     "AlphaBetaTerms",
@@ -89,6 +98,10 @@ __all__ += [
     "collective_time",
     "crossover_bytes",
     "fit_alpha_beta",
+    "best_segments",
+    "choice_switches",
+    "fastest_algorithm",
+    "predicted_times",
     "TwoTierCluster",
     "flat_ring_all_reduce_time",
     "hierarchical_all_reduce_time",

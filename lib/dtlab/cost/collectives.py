@@ -6,7 +6,9 @@ the busiest link on the critical path (Thakur, Rabenseifner & Gropp 2005, Table 
 arithmetic is left out). ``M`` follows the nccl-tests convention of :mod:`dtlab.cost.bandwidth`:
 the buffer for all-reduce, broadcast and reduce, the *gathered* buffer for all-gather and gather,
 the *input* buffer for reduce-scatter and scatter, the send buffer for all-to-all. ``p`` is the
-largest power of two ≤ ``N``; "fold" means the ``2(N-p)`` ranks that pair up first.
+largest power of two ≤ ``N``; "fold" means the ``2(N-p)`` ranks that pair up first. The double
+binary tree all-reduce takes ``segments`` (per half; default :func:`~dtlab.cost.trees.tree_segments`)
+and its trees' height from :mod:`dtlab.cost.trees`.
 
 :func:`bytes_sent_per_rank` gives every rank's sent bytes for a length that divides evenly (by
 ``N``, and by ``p`` for Rabenseifner): the numbers :class:`~dtlab.collectives.CommStats` must show.
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from dtlab.cost.alpha_beta import Link
+from dtlab.cost.trees import double_binary_trees, tree_segments
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ def terms(
         ),
         ("reduce_scatter", "ring"): (n - 1, (n - 1) / n * m),
         ("reduce_scatter", "pairwise"): (n - 1, (n - 1) / n * m),
+        ("reduce_scatter", "recursive_halving"): (
+            math.log2(p) + 2 * folded,
+            _recursive_halving_critical_bytes(m, n),
+        ),
         ("all_gather", "ring"): (n - 1, (n - 1) / n * m),
         ("all_gather", "recursive_doubling"): (
             math.log2(p) + 2 * folded,
@@ -94,9 +101,15 @@ def terms(
     if (op, algorithm) == ("broadcast", "chain"):
         s = segments if segments is not None else chain_segments(m, n)
         return AlphaBetaTerms(n - 2 + s, (n - 2 + s) / s * m)
+    if (op, algorithm) == ("all_reduce", "double_binary_tree"):
+        # 2 (h + S - 1) steps; in each the busiest rank sends two segments of M/(2S) (one for N=2)
+        s = segments if segments is not None else tree_segments(m)
+        steps = 2 * (double_binary_trees(n)[0].height + s - 1)
+        return AlphaBetaTerms(steps, steps * min(2, n - 1) * m / (2 * s))
     if (op, algorithm) not in table:
         known = sorted({o for o, _ in table} | {"broadcast"})
         choices = sorted(a for o, a in table if o == op) + (["chain"] if op == "broadcast" else [])
+        choices += ["double_binary_tree"] if op == "all_reduce" else []
         raise ValueError(
             f"no cost formula for {op!r} with algorithm {algorithm!r}; "
             + (f"choose one of {choices}" if choices else f"ops are {known}")
@@ -172,6 +185,11 @@ def bytes_sent_per_rank(op: str, algorithm: str, nbytes: int, n: int) -> list[fl
         return [m if r < 2 * extra and r % 2 == 0 else core + m * (r < 2 * extra) for r in ranks]
     if key == ("all_reduce", "binary_tree"):
         return [m * ((r > 0) + sum(c < n for c in (2 * r + 1, 2 * r + 2))) for r in ranks]
+    if key == ("all_reduce", "double_binary_tree"):  # half the buffer up and down each tree
+        trees = double_binary_trees(n)
+        return [m / 2 * sum((t.parent[r] >= 0) + len(t.children[r]) for t in trees) for r in ranks]
+    if key == ("reduce_scatter", "recursive_halving"):
+        return _recursive_halving_reduce_scatter_bytes(m, n)
     if op in ("reduce_scatter", "all_gather", "all_to_all") and algorithm in ("ring", "pairwise"):
         return [(n - 1) / n * m] * n
     if key == ("all_gather", "recursive_doubling"):
@@ -201,6 +219,41 @@ def _recursive_doubling_all_gather_bytes(m: float, n: int) -> list[float]:
         )
         sent.append(total + (m if r < 2 * extra else 0.0))
     return sent
+
+
+def _halving_weights(n: int) -> list[int]:
+    """Chunks each of the ``p`` ranks left after the fold speaks for: 2 for the first ``N-p``."""
+    p = _pow2_floor(n)
+    return [2 if w < n - p else 1 for w in range(p)]
+
+
+def _recursive_halving_reduce_scatter_bytes(m: float, n: int) -> list[float]:
+    p, chunk, weight = _pow2_floor(n), m / n, _halving_weights(n)
+    extra = n - p
+    sent = []
+    for r in range(n):
+        if r < 2 * extra and r % 2 == 0:
+            sent.append(m)  # hands its whole buffer to r + 1, then only receives its chunk
+            continue
+        new = r // 2 if r < 2 * extra else r - extra
+        total, mask = 0.0, p >> 1
+        while mask:  # sends the partner's half of its range: the aligned block of new ^ mask
+            block = (new ^ mask) & ~(mask - 1)
+            total += sum(weight[block : block + mask]) * chunk
+            mask >>= 1
+        sent.append(total + (chunk if r < 2 * extra else 0.0))
+    return sent
+
+
+def _recursive_halving_critical_bytes(m: float, n: int) -> float:
+    """Bytes on the critical path: the fold, each halving step's largest message, the unfold."""
+    p, chunk, weight = _pow2_floor(n), m / n, _halving_weights(n)
+    folded = n != p
+    halving = sum(
+        max(sum(weight[b : b + mask]) for b in range(0, p, mask)) * chunk
+        for mask in (p >> (k + 1) for k in range(p.bit_length() - 1))
+    )
+    return folded * (m + chunk) + halving
 
 
 def hierarchical_bytes_sent_per_rank(nbytes: int, n: int, ranks_per_node: int) -> float:
