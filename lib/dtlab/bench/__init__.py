@@ -160,3 +160,18 @@ def best_ratios_to(seconds: Mapping[str, Sequence[float]], baseline: str) -> dic
     """Fastest step ÷ the ``baseline``'s fastest: the steadier figure on a busy host, where the
     slow steps are someone else's load."""
     return {name: min(s) / min(seconds[baseline]) for name, s in seconds.items()}
+
+
+def run_on_ranks(cluster, world_size: int, steps: int, repeats: int, fn: Callable, *args):
+    """``cluster.run(fn, *args)``, or on a fresh ``Cluster(world_size)`` closed afterwards.
+
+    One benchmark run holds every step of every variant, so a fresh cluster gets a long timeout.
+    """
+    if steps < 1 or repeats < 1:
+        raise ValueError(f"need at least one step and one repeat, got {steps=} and {repeats=}")
+    if cluster is not None:
+        return cluster.run(fn, *args)
+    from dtlab import Cluster
+
+    with Cluster(world_size, device="auto", timeout=1200.0) as fresh:
+        return fresh.run(fn, *args)

@@ -28,7 +28,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from dtlab.bench import Spread, best_ratios_to, ratios_to, slowest_rank
+from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
 
 VARIANTS = ("naive", "overlapped", "bucketed", "torch_ddp")
 BASELINE = "torch_ddp"
@@ -201,19 +201,9 @@ def run(
     repeats: int = 3,
 ) -> list[VariantResult]:
     """Measure every variant on ``cluster`` (or a fresh one of ``world_size`` ranks)."""
-    if steps < 1 or repeats < 1:
-        raise ValueError(f"need at least one step and one repeat, got {steps=} and {repeats=}")
-    own = cluster is None
-    if own:
-        from dtlab import Cluster
-
-        # One run holds every step of every variant: give it more than the default minute.
-        cluster = Cluster(world_size, device="auto", timeout=1200.0)
-    try:
-        out = cluster.run(_measure_on_rank, model_size, steps, repeats)
-    finally:
-        if own:
-            cluster.close()
+    out = run_on_ranks(
+        cluster, world_size, steps, repeats, _measure_on_rank, model_size, steps, repeats
+    )
     seconds = slowest_rank(list(out))
     ratios, best = ratios_to(seconds, BASELINE, repeats), best_ratios_to(seconds, BASELINE)
     hidden = hidden_fractions(out.trace, steps, repeats)

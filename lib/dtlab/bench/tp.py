@@ -22,7 +22,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from dtlab.bench import Spread, best_ratios_to, ratios_to, slowest_rank
+from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
 
 IMPLEMENTATIONS = ("dtlab_tp", "torch_dtensor_tp")
 BASELINE = "torch_dtensor_tp"
@@ -92,18 +92,17 @@ def run(
     sequence_parallel: bool = False,
 ) -> list[ImplementationResult]:
     """Measure both implementations on ``cluster`` (or a fresh one of ``world_size`` ranks)."""
-    if steps < 1 or repeats < 1:
-        raise ValueError(f"need at least one step and one repeat, got {steps=} and {repeats=}")
-    own = cluster is None
-    if own:
-        from dtlab import Cluster
-
-        cluster = Cluster(world_size, device="auto", timeout=1200.0)
-    try:
-        out = cluster.run(_measure_on_rank, model_size, steps, repeats, sequence_parallel)
-    finally:
-        if own:
-            cluster.close()
+    out = run_on_ranks(
+        cluster,
+        world_size,
+        steps,
+        repeats,
+        _measure_on_rank,
+        model_size,
+        steps,
+        repeats,
+        sequence_parallel,
+    )
     seconds = slowest_rank(list(out))
     ratios, best = ratios_to(seconds, BASELINE, repeats), best_ratios_to(seconds, BASELINE)
     return [

@@ -25,7 +25,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from dtlab.bench import Spread, best_ratios_to, ratios_to, slowest_rank
+from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
 
 IMPLEMENTATIONS = ("dtlab_zero3", "torch_fsdp2")
 BASELINE = "torch_fsdp2"
@@ -115,19 +115,9 @@ def run(
     repeats: int = 3,
 ) -> list[ImplementationResult]:
     """Measure both implementations on ``cluster`` (or a fresh one of ``world_size`` ranks)."""
-    if steps < 1 or repeats < 1:
-        raise ValueError(f"need at least one step and one repeat, got {steps=} and {repeats=}")
-    own = cluster is None
-    if own:
-        from dtlab import Cluster
-
-        # One run holds every step of both implementations: give it more than the default minute.
-        cluster = Cluster(world_size, device="auto", timeout=1200.0)
-    try:
-        out = cluster.run(_measure_on_rank, model_size, steps, repeats)
-    finally:
-        if own:
-            cluster.close()
+    out = run_on_ranks(
+        cluster, world_size, steps, repeats, _measure_on_rank, model_size, steps, repeats
+    )
     seconds = slowest_rank([r["seconds"] for r in out])
     # (state, step high-water) of the rank whose sum is largest
     held = {impl: max((r["peak_bytes"][impl] for r in out), key=sum) for impl in IMPLEMENTATIONS}
