@@ -14,11 +14,16 @@ Tensor and sequence parallel (lab 04): :func:`parallelize_gpt` shards the lab GP
 (GQA-aware), a vocabulary-parallel embedding and cross-entropy that never gathers the logits, and
 LayerNorm/dropout on sequence shards.
 
+Pipeline parallel (:mod:`dtlab.parallel.pipeline`): schedules as data (GPipe, 1F1B, interleaved,
+ZB-H1, DualPipeV), a validator, a simulator of timeline, bubble and in-flight activations, and
+:func:`pipeline_gpt`, which executes the same schedule on real ranks.
+
 Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
 from dtlab.comm import ring_bytes_sent
+from dtlab.parallel import pipeline
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
 from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
 from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
@@ -27,6 +32,7 @@ from dtlab.parallel.ddp_overlap import OverlappedDDP
 from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.offload import offload_device
+from dtlab.parallel.pipeline import pipeline_gpt, simulate, validate
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
 from dtlab.parallel.tensor import (
@@ -65,10 +71,14 @@ __all__ = [
     "gather_full_parameters",
     "norms_in_fp32",
     "offload_device",
+    "pipeline",
+    "pipeline_gpt",
     "parallelize_gpt",
     "ring_bytes_sent",
     "run_async_sgd",
     "shard_by_zero_stage",
+    "simulate",
     "straggle",
+    "validate",
     "vocab_parallel_cross_entropy",
 ]

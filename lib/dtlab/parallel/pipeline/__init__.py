@@ -1,0 +1,74 @@
+"""Pipeline parallelism with schedules as data: generate → validate → simulate → execute.
+
+* :mod:`~dtlab.parallel.pipeline.actions` — :class:`Action` (``"1F0"``, ``"0I3"``, ...) and
+  :class:`Schedule` (per rank, its ordered actions), in PyTorch's action-string form.
+* :mod:`~dtlab.parallel.pipeline.schedules` — :func:`gpipe`, :func:`one_f_one_b`,
+  :func:`interleaved_1f1b`; :mod:`~dtlab.parallel.pipeline.zero_bubble` — :func:`zb_h1`,
+  :func:`dualpipe_v` (split backward: I and W).
+* :mod:`~dtlab.parallel.pipeline.validate` — :func:`validate`: completeness, order, deadlock;
+  errors name the rank and the action (:class:`ScheduleError`).
+* :mod:`~dtlab.parallel.pipeline.simulate` — :func:`simulate` with :class:`Costs`: timeline
+  (as trace spans), bubble in both conventions, activations in flight per stage.
+* :mod:`~dtlab.parallel.pipeline.communication` — :func:`with_communication`: the sends and
+  receives written out in an order blocking p2p cannot deadlock.
+* :mod:`~dtlab.parallel.pipeline.execute` — :func:`pipeline_gpt` / :class:`PipelineExecutor`:
+  the same schedule on real ranks over the mesh's pp group.
+* :mod:`~dtlab.parallel.pipeline.torch_orders` — :func:`torch_schedule`: PyTorch's own orders.
+"""
+
+from dtlab.parallel.pipeline.actions import (
+    Action,
+    Schedule,
+    ScheduleError,
+    loop_stage_ranks,
+    v_stage_ranks,
+)
+from dtlab.parallel.pipeline.communication import bytes_sent_per_rank, with_communication
+from dtlab.parallel.pipeline.execute import (
+    PipelineExecutor,
+    embedding_group,
+    pipeline_gpt,
+    sum_tied_gradients,
+)
+from dtlab.parallel.pipeline.replay import Costs
+from dtlab.parallel.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b
+from dtlab.parallel.pipeline.simulate import Simulation, measured_bubble, simulate
+from dtlab.parallel.pipeline.torch_orders import TORCH_SCHEDULES, torch_schedule
+from dtlab.parallel.pipeline.validate import validate
+from dtlab.parallel.pipeline.zero_bubble import dualpipe_v, zb_h1
+
+SCHEDULES = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved_1f1b": interleaved_1f1b,
+    "zb_h1": zb_h1,
+    "dualpipe_v": dualpipe_v,
+}
+"""Every generator by name: ``SCHEDULES[name](p, m)`` (interleaved also takes ``n_virtual``)."""
+
+__all__ = [
+    "Action",
+    "Costs",
+    "PipelineExecutor",
+    "SCHEDULES",
+    "Schedule",
+    "ScheduleError",
+    "Simulation",
+    "TORCH_SCHEDULES",
+    "bytes_sent_per_rank",
+    "dualpipe_v",
+    "embedding_group",
+    "gpipe",
+    "interleaved_1f1b",
+    "loop_stage_ranks",
+    "measured_bubble",
+    "one_f_one_b",
+    "pipeline_gpt",
+    "simulate",
+    "sum_tied_gradients",
+    "torch_schedule",
+    "v_stage_ranks",
+    "validate",
+    "with_communication",
+    "zb_h1",
+]
