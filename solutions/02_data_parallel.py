@@ -337,13 +337,18 @@ fig.add_scatter(
     x=[r["buckets"] for _, r, _ in sweep], y=[h for *_, h in sweep], name="hidden fraction",
     mode="lines+markers", yaxis="y2",
 )  # fmt: skip
+counts = sorted({r["buckets"] for _, r, _ in sweep})
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE,
     title="Bucket-size sweep",
-    xaxis={"title": {"text": "buckets per step"}, "type": "log"},
+    xaxis={"title": {"text": "buckets per step"}, "type": "log", "tickvals": counts},
     yaxis={"title": {"text": "step ms"}, "rangemode": "tozero"},
-    yaxis2={"title": {"text": "hidden"}, "overlaying": "y", "side": "right", "range": [0, 1]},
-)
+    yaxis2={
+        "title": {"text": "comm hidden behind backward"}, "overlaying": "y", "side": "right",
+        "range": [0, 1], "tickformat": ".0%", "dtick": 0.25,
+    },
+    legend={"orientation": "h", "x": 0, "y": 1.12},
+)  # fmt: skip
 
 # %% [markdown]
 # ## 5. Gradient accumulation and `no_sync` <a id="no-sync"></a>
@@ -390,7 +395,7 @@ every, once = (cluster.run(accumulate, flag, 2)[0] for flag in (False, True))
 for label, r in (("sync every micro-batch", every), ("no_sync until the last", once)):
     print(
         f"{label:<24} {r['sent_per_step']:>11,.0f} B/step counted, in {r['calls_per_step']:.0f} "
-        "collectives,"
+        f"collective{'s' if r['calls_per_step'] != 1 else ''},"
         f" {r['step_s'] * 1e3:6.1f} ms/step"
     )
 print(f"formula: k · 2(N-1)/N·Ψ·4 = {ACCUM * formula:,.0f}  vs  2(N-1)/N·Ψ·4 = {formula:,.0f}")
@@ -484,8 +489,9 @@ fig.update_layout(
 # GPU, a noisy neighbour or a throttled node slows the whole job.
 #
 # Below rank 1 sleeps `DELAY` seconds at the start of every step (`dtlab.parallel.straggle`).
-# Look for the grey `straggler_delay` on rank 1 and, on rank 0, a long `wait:` for the bucket
-# whose all-reduce cannot finish until rank 1 joins: both ranks' step times grow by `DELAY`.
+# Look for the brown `straggler_delay` (kind "other") on rank 1 and, on rank 0, a long grey
+# `wait:` for the bucket whose all-reduce cannot finish until rank 1 joins: both ranks' step times
+# grow by `DELAY`.
 
 # %%
 DELAY = 0.05

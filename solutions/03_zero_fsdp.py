@@ -145,13 +145,15 @@ def stages_side_by_side(per_rank: list[list[dict]], n: int, recipe: str) -> go.F
     fig = make_subplots(rows=1, cols=4, subplot_titles=STAGE_NAMES, shared_yaxes=True)
     for stage in range(4):
         formula = model_state_bytes(PSI, n, stage, recipe).by_category
-        panel = dtlab.viz.memory_bars([r[stage]["held"] for r in per_rank], formula)
+        held = [r[stage]["held"] for r in per_rank]
+        panel = dtlab.viz.memory_bars(held, formula, compact=n > 2)
         for bar in panel.data:
             bar.showlegend = bar.showlegend is not False and stage == 0
             fig.add_trace(bar, row=1, col=stage + 1)
     fig.update_layout(
         template=dtlab.viz.DTLAB_TEMPLATE, barmode="stack", height=430,
-        title=f"Model state per rank, N = {n} ({recipe}); solid measured, hatched formula",
+        title=f"Model state per rank, N = {n} ({recipe}); solid measured, hatched formula"
+        + (" (m / f)" if n > 2 else ""),
         yaxis={"title": {"text": "MiB"}},
     )  # fmt: skip
     return fig
@@ -165,7 +167,10 @@ stages_side_by_side(measured[4], 4, "fp32_adam")
 # %% [markdown]
 # The same numbers, printed next to the formula (rank 0; every rank holds the same). The ZeRO stages
 # in mixed precision (bf16 parameters and gradients, fp32 masters inside the optimizer state) at
-# N = 4 follow: the 2 / 2 / 12 split.
+# N = 4 follow: ZeRO-1 and -2 hold the paper's 2 / 2 / 12 split. ZeRO-3 holds the same 16Ψ/N in
+# torch FSDP2's layout, 4 / 4 / 8: its fp32 shards *are* the master weights (so they count as
+# parameters), gradients land as fp32 shards, and the optimizer keeps only Adam's two moments;
+# the bf16 copies exist only while a unit is gathered.
 
 # %%
 for n, per_rank in measured.items():
@@ -305,14 +310,17 @@ for per_block, prefetch in ((False, False), (True, False), (True, True)):
         blocks = 2 if prefetch else 1
         formula = shards + (r["root"] + blocks * r["block"]) * 4
         label = f"per block, prefetch={prefetch!s:<5}: shards + (root + {blocks} block)·4"
-    print(f"{label:<50} measured {r['peak']:>9,} B   formula {formula:>9,} B")
+    print(f"{label:<56} measured {r['peak']:>9,} B   formula {formula:>9,} B")
 
 # %% [markdown]
 # Now the time. Forward and backward are traced as compute; each unit's all-gather and
 # reduce-scatter is a comm span; a prefetched all-gather runs from launch to completion and any
 # time spent blocked on it is a `wait:` idle span. Look for, with prefetch, the next unit's
 # all-gather (orange, lower lane) running under the current unit's compute, and the exposed
-# communication falling. Count the all-gathers: 2 per unit per step (forward and backward).
+# communication falling. Count the all-gathers: 2 per unit per step (forward and backward). On
+# ranks that share a couple of CPU cores the prefetched transfer competes with the compute for
+# the same cores, so the exposed time may barely move; on GPUs the copy engines and NCCL's
+# streams run beside the kernels and the saving shows.
 
 
 # %%

@@ -180,7 +180,8 @@ print(f"[dL/dY_0 | dL/dY_1] vs one process: max |Δ| = {(slices - y_full.grad).a
 # %%
 a, b = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 1.5])
 print(
-    f"GELU(a + b) = {F.gelu(a + b).tolist()}   GELU(a) + GELU(b) = {(F.gelu(a) + F.gelu(b)).tolist()}"
+    f"GELU(a + b) = {[round(v, 4) for v in F.gelu(a + b).tolist()]}   "
+    f"GELU(a) + GELU(b) = {[round(v, 4) for v in (F.gelu(a) + F.gelu(b)).tolist()]}"
 )
 
 # %% [markdown]
@@ -613,7 +614,7 @@ for tp in (3, 4):
     try:
         Layout(tp=tp).check(tp, model_check=tensor_parallel_check(GQA))
     except ValueError as error:
-        print(f"tp={tp}: {error}\n")
+        print(f"{error}\n")
 
 # %% [markdown]
 # ## 9. Sequence parallelism <a id="sequence-parallel"></a>
@@ -839,8 +840,8 @@ fig.add_scatter(
 )
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE, title="7B-class model on one 8-GPU node: bytes each GPU sends per step",
-    xaxis={"title": {"text": "tokens per step through the node"}, "type": "log"},
-    yaxis={"title": {"text": "GB per GPU"}, "type": "log"},
+    xaxis={"title": {"text": "tokens per step through the node"}, "type": "log", "dtick": 1},
+    yaxis={"title": {"text": "GB per GPU"}, "type": "log", "dtick": 1},
 )  # fmt: skip
 
 # %% [markdown]

@@ -73,3 +73,11 @@ def test_chosen_stage_is_drawn_solid_and_the_others_faded():
 def test_unknown_recipe_names_the_choices():
     with pytest.raises(KeyError, match="mixed_adam"):
         memory_calculator(recipe="fp8_magic")
+
+
+def test_the_model_dropdown_starts_on_custom_not_on_an_empty_selection():
+    calc = memory_calculator()
+    assert calc.preset.label == "custom" and calc.preset.index == 0
+    calc.preset.value = 70e9
+    calc.preset.value = 0  # back to custom keeps the count the preset set
+    assert calc.params_billions.value == 70

@@ -198,3 +198,13 @@ def test_timeline_colours_communication_by_mesh_group_when_asked():
     # Perfetto export keeps the labels as event args.
     events = [e for e in trace.to_chrome()["traceEvents"] if e.get("ph") == "X"]
     assert {e["args"].get("group") for e in events} >= {"tp", "dp", "pp"}
+
+
+def test_memory_bar_totals_keep_three_digits_and_compact_bars_fit_many_ranks():
+    small = [{"params": 0.347 * MIB}, {"params": 0.314 * MIB}]
+    totals = next(t for t in viz.memory_bars(small).data if isinstance(t, go.Scatter))
+    assert list(totals.text) == ["0.347", "0.314"]  # not "0.3" twice: the difference shows
+    four = [{"params": MIB}] * 4
+    fig = viz.memory_bars(four, {"params": MIB}, compact=True)
+    assert not [t for t in fig.data if isinstance(t, go.Scatter)]  # totals on hover only
+    assert {label for t in fig.data for label in t.x[1]} == {"m", "f"}

@@ -44,8 +44,11 @@ def _tp_problems(config: GPTConfig, tp: int) -> list[str]:
     problems = []
     heads, kv_heads = config.n_heads, config.n_kv_heads
     if heads % tp:
+        # kv_heads divides heads, so the degrees that keep both whole divide kv_heads.
+        both = "" if kv_heads == heads else f", which also divide its {kv_heads} KV heads"
         problems.append(
-            f"tp={tp} does not divide {heads} attention heads; choose {_choices(_divisors(heads))}"
+            f"tp={tp} does not divide {heads} attention heads; choose "
+            f"{_choices(_divisors(kv_heads))}{both}"
         )
     elif kv_heads % tp:
         more_kv = [k for k in _divisors(heads) if k % tp == 0]

@@ -7,8 +7,8 @@ slow GPU, a noisy neighbour or a thermally throttled node therefore slows the wh
 motivation for backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016) and
 for asynchronous schemes (:mod:`dtlab.parallel.async_sgd`) that give up exact equivalence.
 
-Use :func:`straggle` inside a training step; the delay shows as an ``idle`` span named
-``straggler_delay`` on the slow rank, and the others' ``wait:`` spans grow by the same amount.
+Use :func:`straggle` inside a training step; the delay shows as an ``other`` span named
+``straggler_delay`` on the slow rank (injected work, not waiting), and the others' ``wait:`` spans grow by the same amount.
 """
 
 from __future__ import annotations
@@ -36,5 +36,6 @@ def straggle(straggler: Straggler | None) -> None:
     """Sleep ``delay_s`` on the slow rank only (a no-op elsewhere or when ``None``)."""
     if straggler is None or rank() != straggler.slow_rank or straggler.delay_s == 0:
         return
-    with trace.span("straggler_delay", kind="idle", delay_s=straggler.delay_s):
+    # Its own kind ("other", brown), not "idle": the delay is injected work, not waiting.
+    with trace.span("straggler_delay", kind="other", delay_s=straggler.delay_s):
         time.sleep(straggler.delay_s)

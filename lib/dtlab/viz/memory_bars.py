@@ -10,6 +10,7 @@ either a bug or a buffer the formula forgot, and both are worth finding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -73,12 +74,22 @@ def _per_rank(predicted, n_ranks: int) -> list[dict[str, float]]:
     return [bytes_by_category(predicted)] * n_ranks
 
 
+def _three_digits(mib: float) -> str:
+    """A bar total with three significant digits and at least one decimal: 19.0, 1.10, 0.347."""
+    decimals = 1 if mib <= 0 else max(1, 2 - math.floor(math.log10(mib)))
+    return f"{mib:.{decimals}f}"
+
+
 def memory_bars(
     measured: Sequence,
     predicted=None,
     title: str = "Memory per rank",
+    compact: bool = False,
 ) -> go.Figure:
     """Stacked MiB per rank by category; with ``predicted``, a hatched "formula" bar beside each.
+
+    ``compact`` is for many bars in little width (e.g. four ranks in one panel of several): the
+    bars are labelled ``m`` (measured) and ``f`` (formula) and the totals show on hover only.
 
     ``measured``: one entry per rank, each a mapping category->bytes or an object with a
     ``.by_category`` mapping (e.g. a ``dtlab.memory`` measurement). ``predicted``: the same
@@ -98,7 +109,8 @@ def memory_bars(
 
     def x_for(which: str) -> list:
         # Two-level axis (rank, measured|formula) when there is a prediction to stand beside.
-        return [ranks, [which] * len(ranks)] if predicted is not None else ranks
+        label = which[0] if compact else which
+        return [ranks, [label] * len(ranks)] if predicted is not None else ranks
 
     fig = go.Figure()
     for category in categories:
@@ -123,14 +135,14 @@ def memory_bars(
                     ),
                 )
             )
-    for which, per_rank in bars.items():
+    for which, per_rank in bars.items() if not compact else ():
         totals = [sum(entry.values()) / MIB for entry in per_rank]
         fig.add_trace(
             go.Scatter(
                 x=x_for(which),
                 y=totals,
                 mode="text",
-                text=[f"{t:.1f}" for t in totals],
+                text=[_three_digits(t) for t in totals],
                 textposition="top center",
                 showlegend=False,
                 hoverinfo="skip",

@@ -158,9 +158,10 @@ class MemoryCalculator:
         if zero_stage not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage {zero_stage} does not exist; choose one of {ZERO_STAGES}")
         style = {"description_width": "150px"}
+        # "custom" is the value 0 (not None: ipywidgets shows None as an empty selection).
         self.preset = w.Dropdown(
-            options=[("custom", None)] + [(name, n) for name, n in PRESETS.items()],
-            value=None,
+            options=[("custom", 0)] + [(name, n) for name, n in PRESETS.items()],
+            value=0,
             description="model",
             style=style,
         )
@@ -175,6 +176,7 @@ class MemoryCalculator:
             options=[(STAGE_NAMES[s], s) for s in ZERO_STAGES],
             value=zero_stage,
             description="stage",
+            style=style,
         )
         self.recipe = w.Dropdown(
             options=list(RECIPES), value=recipe, description="precision recipe", style=style
@@ -214,7 +216,7 @@ class MemoryCalculator:
         )
 
     def _on_preset(self, change) -> None:
-        if change["new"] is not None:
+        if change["new"]:  # a preset, not "custom"
             self.params_billions.value = change["new"] / 1e9  # triggers update()
 
     def update(self) -> None:
