@@ -306,3 +306,22 @@ def test_cluster_run_returns_both_ranks_spans_on_one_clock(cluster2):
     # Neither rank can finish an all-reduce before the other has started it, so on an aligned
     # clock the two comm spans must overlap.
     assert max(s.start_ns for s in comm) <= min(s.end_ns for s in comm)
+
+
+def test_labels_belong_to_their_thread_and_never_outlive_their_block():
+    import threading
+
+    inside = threading.Barrier(2)
+
+    def labelled(name: str) -> None:
+        with trace.labels(rank_thread=name):
+            inside.wait()  # both threads are inside their blocks at once
+            assert trace.current_labels() == {"rank_thread": name}
+            inside.wait()
+
+    threads = [threading.Thread(target=labelled, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert trace.current_labels() == {}  # interleaved exits left nothing behind

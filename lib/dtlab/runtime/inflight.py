@@ -129,6 +129,14 @@ def _finished(work) -> bool:
         return True
 
 
+def _posts_only(name: str, params: dict, args: tuple, kwargs: dict) -> bool:
+    """Whether this call only posts work and returns (isend, irecv, ``async_op=True``)."""
+    if name in ("isend", "irecv"):
+        return True
+    i = params.get("async_op")
+    return bool(kwargs.get("async_op", args[i] if i is not None and i < len(args) else False))
+
+
 def _wrap(name: str, kind: str, original):
     params = {p: i for i, p in enumerate(inspect.signature(original).parameters)}
 
@@ -140,7 +148,9 @@ def _wrap(name: str, kind: str, original):
         op = _post(name, kind, params, args, kwargs)
         on_main = threading.get_ident() == state.main
         previous = state.current
-        if on_main and op is not None:
+        # Only a call that blocks counts as "blocked in" it: a status read while an isend, irecv
+        # or async collective is merely being posted must not make the rank look stuck.
+        if on_main and op is not None and not _posts_only(name, params, args, kwargs):
             state.current = [op]
         _thread.inside = True
         try:

@@ -9,6 +9,7 @@ so spans from all ranks land on one aligned clock. On a GPU, :func:`cuda_span` t
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,11 +49,16 @@ class _Recorder:
         # CUDA spans wait here as event pairs until end_call() converts them (see cuda_span).
         self.pending_cuda: list[tuple] = []
         self.cuda_anchors: dict[int, tuple] = {}
-        # Labels every span recorded now carries (trace.labels): micro-batch, phase, group.
-        self.context_labels: dict = {}
 
 
 _recorder = _Recorder()
+# Labels every span recorded now carries (trace.labels): micro-batch, phase, group. Per thread:
+# simulated ranks are threads of one process, and one thread's block must not label another's.
+_context = threading.local()
+
+
+def _context_labels() -> dict:
+    return getattr(_context, "labels", {})
 
 
 def _check_kind(kind: str) -> None:
@@ -69,17 +75,17 @@ def now_ns() -> int:
 def labels(**values) -> Iterator[None]:
     """Label every span recorded inside the block, e.g. ``with trace.labels(micro_batch=3,
     phase="F"):`` around one pipeline action; inner blocks add to (and override) outer ones."""
-    previous = _recorder.context_labels
-    _recorder.context_labels = {**previous, **values}
+    previous = _context_labels()
+    _context.labels = {**previous, **values}
     try:
         yield
     finally:
-        _recorder.context_labels = previous
+        _context.labels = previous
 
 
 def current_labels() -> dict:
     """The labels :func:`labels` has in force right now."""
-    return dict(_recorder.context_labels)
+    return dict(_context_labels())
 
 
 @contextmanager
@@ -101,7 +107,7 @@ def span(name: str, kind: str = "compute", nbytes: int = 0, **labels) -> Iterato
                 start,
                 now_ns(),
                 int(nbytes),
-                {**_recorder.context_labels, **labels},
+                {**_context_labels(), **labels},
             )  # fmt: skip
         )
 
@@ -118,7 +124,7 @@ def record(name: str, kind: str, start_ns: int, end_ns: int, nbytes: int = 0, **
                 int(start_ns),
                 int(end_ns),
                 int(nbytes),
-                {**_recorder.context_labels, **labels},
+                {**_context_labels(), **labels},
             )  # fmt: skip
         )
 
@@ -195,7 +201,7 @@ def record_cuda(name: str, kind: str, start, end, nbytes: int = 0, **labels) -> 
             name,
             kind,
             int(nbytes),
-            {**_recorder.context_labels, **labels},
+            {**_context_labels(), **labels},
         )  # fmt: skip
     )
 
