@@ -18,13 +18,18 @@ Pipeline parallel (:mod:`dtlab.parallel.pipeline`): schedules as data (GPipe, 1F
 ZB-H1, DualPipeV), a validator, a simulator of timeline, bubble and in-flight activations, and
 :func:`pipeline_gpt`, which executes the same schedule on real ranks.
 
+Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an online softmax,
+ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
+attention core by :func:`parallelize_context`.
+
 Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
 from dtlab.comm import ring_bytes_sent
-from dtlab.parallel import pipeline
+from dtlab.parallel import context, pipeline
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
+from dtlab.parallel.context import parallelize_context
 from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
 from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
 from dtlab.parallel.ddp_naive import NaiveDDP
@@ -68,11 +73,13 @@ __all__ = [
     "assign_buckets",
     "check_tensor_parallel",
     "clip_sharded_grad_norm_",
+    "context",
     "gather_full_parameters",
     "norms_in_fp32",
     "offload_device",
     "pipeline",
     "pipeline_gpt",
+    "parallelize_context",
     "parallelize_gpt",
     "ring_bytes_sent",
     "run_async_sgd",

@@ -1,0 +1,203 @@
+"""Ring attention (Liu et al. 2023): queries stay, key/value blocks travel around the CP ring.
+
+Sharded dimension: the sequence. Rank ``r`` of ``N`` holds its tokens' q, k, v (any positions —
+contiguous or zig-zag, :mod:`~dtlab.parallel.context.sharding`). In step ``t = 0 … N−1`` it holds
+the K/V block of rank ``r − t`` and folds it into its running ``(o, lse)`` with the exact
+log-sum-exp merge (:mod:`~dtlab.parallel.context.blockwise`); no rank ever holds all of K/V.
+
+Who sends what (``kv`` = bytes of one rank's k and v together, ``p`` = bytes of its positions):
+
+==========  ===================================================  ===========================
+pass        messages, each to the right neighbour ``r + 1``       bytes sent per rank
+==========  ===================================================  ===========================
+forward     the K/V block it holds (and its positions), N−1 times  (N−1)·(kv + p)
+backward    K/V again, N−1 times; the block's dK/dV accumulator    (N−1)·(kv + p) + N·kv
+            after each step, N times — the last send takes it home
+==========  ===================================================  ===========================
+
+Overlap: each step posts the next block's send and receive *before* computing on the current one
+(``isend``/``irecv``, on transports that allow single messages in flight — gloo; otherwise
+each step's exchange completes before its compute, without overlap). Causal: a block whose keys
+all lie after every query of this rank is skipped (no scores computed), which is why contiguous
+causal sharding leaves rank 0 idle most of the ring and zig-zag does not. The messages are counted into ``comm.stats`` under
+``"ring_send"``/``"ring_recv"`` whichever ``collectives=`` the communicator was built with: the
+ring is point-to-point either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dtlab import collectives as C
+from dtlab import trace
+from dtlab.comm import Communicator
+from dtlab.parallel.context.blockwise import (
+    block_attention,
+    block_attention_backward,
+    block_is_masked,
+    merge,
+    unmasked_scores,
+)
+
+
+@dataclass
+class AttentionWork:
+    """What one rank's attention computed: blocks done and skipped, unmasked score elements
+    (per batch row and head), summed over the forward passes it was handed to."""
+
+    blocks_computed: int = 0
+    blocks_skipped: int = 0
+    unmasked_scores: int = 0
+
+
+class _Ring:
+    """This rank's two neighbours on the CP ring, with counted single messages."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.peers = C.peers_of(comm.ranks)
+        self.size = comm.world_size
+        self.right, self.left = (comm.rank + 1) % self.size, (comm.rank - 1) % self.size
+
+    def post(
+        self, outgoing: list[torch.Tensor], name: str = "ring_kv"
+    ) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """Start sending ``outgoing`` right and receiving their like from the left.
+
+        Returns the receive buffers and ``wait``, which blocks until every message has moved.
+        The step is drawn as one ``comm`` span from posting to the last message's arrival
+        (labelled ``to=[[right, bytes]]``) plus an ``idle`` span ``wait:<name>`` for the time
+        ``wait`` blocked — the part of the transfer that compute did not hide.
+        """
+        outgoing = [t.contiguous() for t in outgoing]
+        incoming = [torch.empty_like(t) for t in outgoing]  # contiguous too: irecv needs it
+        start, done = trace.now_ns(), []
+        with C.counting() as moved:
+            if self.peers.streams:
+                works = [self.peers.post_send(self.right, t) for t in outgoing]
+                works += [self.peers.post_recv(self.left, t) for t in incoming]
+            else:
+                works = []
+                self.peers.exchange(
+                    [(self.right, t) for t in outgoing],
+                    [(self.left, t) for t in incoming],
+                    name=name,
+                )
+        for work in works:  # gloo completes each future on its own thread when the data lands
+            with contextlib.suppress(AttributeError, RuntimeError):
+                work.get_future().then(lambda _: done.append(trace.now_ns()))
+        stats = self.comm.stats
+        stats.add_call("ring_send", moved.bytes_sent, 0, counted=True)
+        stats.add_call("ring_recv", 0, moved.bytes_received, counted=True)
+        stats.messages_sent += moved.messages_sent
+        stats.messages_received += moved.messages_received
+
+        def wait() -> None:
+            with trace.span(f"wait:{name}", kind="idle"):
+                for work in works:
+                    work.wait()
+            end = max(done) if len(done) == len(works) and done else trace.now_ns()
+            if works:
+                to = [[self.peers.global_ranks[self.right], moved.bytes_sent]]
+                trace.record(
+                    name, "comm", start, end, moved.bytes_sent, async_op=True, to=to,
+                    group=self.comm.dim,
+                )  # fmt: skip
+            outgoing.clear()  # the send buffers must live until their messages are out
+
+        return incoming, wait
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, positions_q, positions_k, comm, causal, work):
+        ring = _Ring(comm)
+        held = [k, v, positions_k]
+        out, lse = None, None
+        for step in range(ring.size):
+            pending = ring.post(held) if step < ring.size - 1 else None
+            k_blk, v_blk, pos_blk = held
+            if block_is_masked(positions_q, pos_blk, causal):
+                if work is not None:
+                    work.blocks_skipped += 1
+            else:
+                with trace.span("ring_block_forward", kind="compute", step=step):
+                    o_blk, lse_blk = block_attention(
+                        q, k_blk, v_blk, positions_q, pos_blk, causal=causal
+                    )
+                out, lse = (o_blk, lse_blk) if out is None else merge(out, lse, o_blk, lse_blk)
+                if work is not None:
+                    work.blocks_computed += 1
+                    work.unmasked_scores += unmasked_scores(positions_q, pos_blk, causal)
+            if pending is not None:
+                held, wait = pending
+                wait()
+        ctx.save_for_backward(q, k, v, positions_q, positions_k, out, lse)
+        ctx.comm, ctx.causal = comm, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, positions_q, positions_k, out, lse = ctx.saved_tensors
+        ring = _Ring(ctx.comm)
+        d_out = d_out.contiguous()
+        dq = torch.zeros_like(q)
+        held = [k, v, positions_k]
+        d_kv = [torch.zeros_like(k), torch.zeros_like(v)]  # travels with the block it belongs to
+        for step in range(ring.size):
+            pending = ring.post(held) if step < ring.size - 1 else None
+            k_blk, v_blk, pos_blk = held
+            if not block_is_masked(positions_q, pos_blk, ctx.causal):
+                with trace.span("ring_block_backward", kind="compute", step=step):
+                    dq_blk, dk_blk, dv_blk = block_attention_backward(
+                        d_out, q, k_blk, v_blk, out, lse, positions_q, pos_blk, causal=ctx.causal
+                    )
+                dq += dq_blk
+                d_kv = [d_kv[0] + dk_blk, d_kv[1] + dv_blk]
+            if pending is not None:
+                held, wait = pending
+                wait()
+            if ring.size > 1:  # after the last step this send takes each accumulator home
+                d_kv, wait_grads = ring.post(d_kv, name="ring_dkv")
+                wait_grads()
+        return dq, d_kv[0], d_kv[1], None, None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions_q: torch.Tensor,
+    positions_k: torch.Tensor,
+    comm: Communicator,
+    *,
+    causal: bool = True,
+    work: AttentionWork | None = None,
+) -> torch.Tensor:
+    """Exact attention of this rank's q (B, H, Sq, Dh) over the k, v (B, Hkv, Sk, Dh) of every
+    rank of ``comm``. ``positions_q`` and ``positions_k`` are the global positions (S,) int64 of
+    this rank's own queries and keys; other ranks' key positions travel with their blocks.
+    Differentiable in q, k, v (dk, dv come back to the rank that owns them).
+    ``work``, if given, is incremented with what this rank computed."""
+    if positions_q.dim() != 1 or positions_k.dim() != 1:
+        raise ValueError("ring attention takes positions of shape (S,), one per token")
+    return _RingAttention.apply(q, k, v, positions_q, positions_k, comm, causal, work)
+
+
+def ring_core(comm: Communicator, work: AttentionWork | None = None):
+    """An attention core (``block.attn.core = ring_core(comm)``) running :func:`ring_attention`
+    over ``comm``: feed the model this rank's tokens and their global positions."""
+
+    def core(q, k, v, positions_q, positions_k, *, causal=True, dropout_p=0.0):
+        if dropout_p > 0:
+            raise ValueError(
+                "ring attention does not drop attention weights; set config.dropout=0 or call "
+                "model.eval()"
+            )
+        return ring_attention(q, k, v, positions_q, positions_k, comm, causal=causal, work=work)
+
+    return core
