@@ -274,6 +274,7 @@ AUDITED_LABS = (
     "02_data_parallel",
     "03_zero_fsdp",
     "04_tensor_parallel",
+    "05_pipeline_parallel",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)
 
