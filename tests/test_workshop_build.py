@@ -275,6 +275,7 @@ AUDITED_LABS = (
     "03_zero_fsdp",
     "04_tensor_parallel",
     "05_pipeline_parallel",
+    "06_context_parallel",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)
 
