@@ -201,3 +201,10 @@ def test_one_seat_name_on_two_installs_is_two_learners_and_copies_count_once(tmp
     assert report.problems == [] and report.files_read == 3
     assert report.learners == 2
     assert all(row.attempts == 1 for _, row in report.rows if row.topic == "zero")
+
+
+def test_leaderboard_ids_cannot_carry_terminal_escape_codes():
+    from dtlab.workshop.scores import display_id
+
+    assert display_id("\x1b[2Jr-3fa2") == "?[2Jr-3fa2"
+    assert display_id("r-3fa2c1d0ffff") == "r-3fa2c1d0"

@@ -62,8 +62,12 @@ def spreadsheet_safe(text: str) -> str:
 
 
 def display_id(learner: str) -> str:
-    """A short pseudonym for the leaderboard: the id's kind and first 8 hex digits (``r-3fa2c1d0``)."""
-    return learner[:10]
+    """A short pseudonym for the leaderboard: the id's kind and first 8 hex digits (``r-3fa2c1d0``).
+
+    Ids come from learners' files, so anything unprintable (a terminal escape sequence that could
+    clear or rewrite the instructor's screen) is shown as ``?``.
+    """
+    return "".join(c if c.isprintable() else "?" for c in learner[:10])
 
 
 def _valid_record(record: object) -> bool:
