@@ -221,6 +221,8 @@ def ring_on_rank(style: str, causal: bool, steps: int, seq_len: int = S) -> dict
         "work": work.unmasked_scores // steps,
         "computed": work.blocks_computed // steps,
         "skipped": work.blocks_skipped // steps,
+        "flops": work.forward_flops // steps,
+        "cpu_ms": work.forward_cpu_ns / 1e6 / steps,
     }
 
 
@@ -347,12 +349,18 @@ for rank, (c, z) in enumerate(zip(contiguous, zigzag, strict=True)):
     )
 
 # %% [markdown]
-# The counts predict time. The traces of the two runs hold every block's forward compute span, so
-# sum them per rank (mean over the timed steps). Look for: contiguous rank 0 below rank 1,
-# zig-zag level. The ratio is not the counts' 1 : 3. This ring computes a partly masked block in
-# full and then masks it, so its time follows the blocks computed (1 against 2). A FlashAttention
-# kernel also skips the masked tiles inside a block and comes closer to the counts. Shared CPU
-# cores add noise, so trust the counts where the two disagree.
+# The counts predict time, once the ring stops computing what the mask throws away. Of a partly
+# masked block this ring computes only the visible part (`visible_part`: the queries that see
+# some key, the keys that some query sees); `AttentionWork` counts the matmul FLOPs it executed
+# from the shapes it multiplied, and the CPU time its thread spent on them. Under zig-zag every
+# block but a rank's own is visible only half (an earlier rank's block through its head chunk,
+# a later rank's only to the tail queries), so every rank executes the same FLOPs. Contiguous
+# sharding follows the blocks computed (1 : 2 at `N = 2`), not the scores' 1 : 3, because the
+# diagonal block is computed whole; a FlashAttention kernel also skips the masked tiles inside
+# it. Look for: contiguous rank 0 below rank 1 on every line, zig-zag level on every line. The
+# wall-clock sums of the trace's compute spans also count the time a rank waited for a core
+# shared with another process; the CPU time does not, so trust it, and the counts, where they
+# disagree.
 
 
 # %%
@@ -362,8 +370,10 @@ def forward_compute_ms(run) -> list[float]:
 
 
 for style, run in (("contiguous", contiguous), ("zigzag", zigzag)):
-    per_rank = ", ".join(f"rank {r}: {ms:.2f} ms" for r, ms in enumerate(forward_compute_ms(run)))
-    print(f"{style:>10}: {per_rank}")
+    flops = ", ".join(f"{r['flops'] / 1e6:.1f}" for r in run)
+    cpu = ", ".join(f"{r['cpu_ms']:.2f}" for r in run)
+    wall = ", ".join(f"{ms:.2f}" for ms in forward_compute_ms(run))
+    print(f"{style:>10}: MFLOP executed [{flops}]; CPU ms [{cpu}]; wall ms [{wall}]")
 
 
 # %% [markdown]

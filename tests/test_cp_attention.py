@@ -66,6 +66,7 @@ def _attention_on_rank(method: str, style: str, causal: bool, heads: int, kv_hea
         "both": both,
         "unmasked": work.unmasked_scores,
         "skipped": work.blocks_skipped,
+        "flops": work.forward_flops,
     }
 
 
@@ -100,6 +101,23 @@ def test_zigzag_balances_causal_work_and_contiguous_does_not(cluster4):
     counts = [r["unmasked"] for r in contiguous]
     assert sum(counts) == total and counts == sorted(counts) and counts[-1] > 3 * counts[0]
     assert [r["skipped"] for r in contiguous] == [3, 2, 1, 0]  # fully masked blocks not computed
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zigzag_executes_the_same_matmul_flops_on_every_rank(world, request):
+    """FLOPs counted from the sub-blocks each rank actually multiplies. Zig-zag: the own block
+    whole (2c × 2c for chunk c = S/2N) and half of every other block (2c × c), so every rank
+    executes 4·B·H·Dh·c²·(4 + 2(N−1)); contiguous ranks differ (rank 0 only its diagonal). A
+    ring that computed partly masked blocks in full would execute 4·N·c² per rank instead."""
+    cluster = request.getfixturevalue(f"cluster{world}")
+    heads, chunk = 4, S // (2 * world)
+    zigzag = [r["flops"] for r in cluster.run(_attention_on_rank, "ring", "zigzag", True, heads, 2)]
+    assert zigzag == [4 * B * heads * DH * chunk**2 * (4 + 2 * (world - 1))] * world
+    contiguous = [
+        r["flops"] for r in cluster.run(_attention_on_rank, "ring", "contiguous", True, heads, 2)
+    ]
+    block = 4 * B * heads * DH * (S // world) ** 2
+    assert contiguous == [block * (r + 1) for r in range(world)]
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -12,8 +12,11 @@ baseline at the same total sequence. Reported, all from this one run:
 * time ratio ring ÷ full (median over repeats, min–max), slowest rank per round;
 * peak bytes per rank ÷ the single process (:func:`~dtlab.memory.peak.peak_bytes_of`, measured
   once after the timed rounds) and the bytes saved for backward (ActivationMeter);
-* per-rank forward compute (sum of ``ring_block_forward`` spans per round), contiguous vs
-  zig-zag: max ÷ min across ranks — the causal imbalance zig-zag removes;
+* per-rank forward compute, contiguous vs zig-zag, max ÷ min across ranks — the causal
+  imbalance zig-zag removes — median over rounds, twice: wall clock (the round's
+  ``ring_block_forward`` spans) and the computing thread's CPU time
+  (:class:`~dtlab.parallel.context.AttentionWork`'s ``forward_cpu_ns``), which a process
+  preempted on a shared core does not inflate;
 * the fraction of K/V transfer hidden behind block compute: 1 − (``wait:ring_kv`` idle time ÷
   ``ring_kv`` comm time), forward and backward together.
 
@@ -44,7 +47,7 @@ def _measure_on_rank(seq: int, heads: int, dim: int, steps: int, repeats: int) -
     from dtlab.memory.activations import ActivationMeter
     from dtlab.memory.peak import peak_bytes_of
     from dtlab.models.attention import math_attention
-    from dtlab.parallel.context import ring_attention, shard_sequence
+    from dtlab.parallel.context import AttentionWork, ring_attention, shard_sequence
     from dtlab.trace.recorder import _recorder
 
     comm = Communicator(None, collectives="dtlab", dim="cp")
@@ -56,14 +59,18 @@ def _measure_on_rank(seq: int, heads: int, dim: int, steps: int, repeats: int) -
         parts = [shard_sequence(t, comm.world_size, comm.rank, style, dim=2) for t in full]
         shards[style] = ([t for t, _ in parts], parts[0][1])
 
+    cpu_ns: dict[str, list[int]] = {"zigzag": [], "contiguous": []}  # per call, warm-up included
+
     def ring_step(style: str, meter=None) -> None:
         (q, k, v, d_out), pos = shards[style]
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        work = AttentionWork()
         if meter is not None:
             with meter:
-                out = ring_attention(q, k, v, pos, pos, comm, causal=True)
+                out = ring_attention(q, k, v, pos, pos, comm, causal=True, work=work)
         else:
-            out = ring_attention(q, k, v, pos, pos, comm, causal=True)
+            out = ring_attention(q, k, v, pos, pos, comm, causal=True, work=work)
+            cpu_ns[style].append(work.forward_cpu_ns)
         out.backward(d_out)
 
     def full_step(meter=None) -> None:
@@ -100,9 +107,16 @@ def _measure_on_rank(seq: int, heads: int, dim: int, steps: int, repeats: int) -
             if s.name == name and s.labels.get("variant") == variant and kind in (None, s.kind)
         )
 
-    rounds = steps * repeats
+    def per_round(variant: str) -> list[int]:
+        sums: dict[int, int] = {}
+        for s in measured:
+            if s.name == "ring_block_forward" and s.labels.get("variant") == variant:
+                sums[s.labels["round"]] = sums.get(s.labels["round"], 0) + s.end_ns - s.start_ns
+        return list(sums.values())
+
+    # Medians over rounds: one round preempted on a shared core must not tilt the balance.
     forward_s = {
-        v: total("ring_block_forward", v) / 1e9 / rounds for v in ("ring_zigzag", "ring_contiguous")
+        v: statistics.median(per_round(v)) / 1e9 for v in ("ring_zigzag", "ring_contiguous")
     }
     comm_ns = {v: total("ring_kv", v, "comm") for v in ("ring_zigzag", "ring_contiguous")}
     wait_ns = {v: total("wait:ring_kv", v, "idle") for v in ("ring_zigzag", "ring_contiguous")}
@@ -119,9 +133,14 @@ def _measure_on_rank(seq: int, heads: int, dim: int, steps: int, repeats: int) -
         meter = ActivationMeter()
         full_step(meter)
         full_saved = meter.total_bytes
+    forward_cpu_s = {
+        f"ring_{style}": statistics.median(calls[WARMUP_ROUNDS:]) / 1e9
+        for style, calls in cpu_ns.items()
+    }
     return {
         "seconds": seconds,
         "forward_s": forward_s,
+        "forward_cpu_s": forward_cpu_s,
         "comm_ns": comm_ns,
         "wait_ns": wait_ns,
         "ring_peak": ring_peak,
@@ -142,9 +161,15 @@ class CPResult:
     best_vs_full: dict[str, float]
     peak_per_rank_vs_full: float  # max over ranks of ring peak ÷ full peak (rank 0)
     saved_per_rank_vs_full: float  # bytes saved for backward, per rank ÷ full
-    forward_s_per_rank: dict[str, list[float]]  # per round, ring_block_forward sum, by rank
+    forward_s_per_rank: dict[str, list[float]]  # median round's ring_block_forward sum, by rank
     forward_spread: dict[str, float]  # max ÷ min across ranks
+    forward_cpu_s_per_rank: dict[str, list[float]]  # median round's thread CPU time, by rank
+    forward_cpu_spread: dict[str, float]  # max ÷ min across ranks
     hidden_fraction: dict[str, float]  # of K/V transfer time, hidden behind compute
+
+
+def _spreads(per_rank: dict[str, list[float]]) -> dict[str, float]:
+    return {v: max(f) / min(f) if min(f) > 0 else float("inf") for v, f in per_rank.items()}
 
 
 def run(
@@ -165,6 +190,7 @@ def run(
     seconds = slowest_rank([r["seconds"] for r in out])
     ratios, best = ratios_to(seconds, BASELINE, repeats), best_ratios_to(seconds, BASELINE)
     forward = {v: [r["forward_s"][v] for r in out] for v in ("ring_zigzag", "ring_contiguous")}
+    cpu = {v: [r["forward_cpu_s"][v] for r in out] for v in ("ring_zigzag", "ring_contiguous")}
     hidden = {}
     for v in ("ring_zigzag", "ring_contiguous"):
         comm_ns = sum(r["comm_ns"][v] for r in out)
@@ -179,9 +205,9 @@ def run(
         peak_per_rank_vs_full=max(r["ring_peak"] for r in out) / out[0]["full_peak"],
         saved_per_rank_vs_full=max(r["ring_saved"] for r in out) / out[0]["full_saved"],
         forward_s_per_rank=forward,
-        forward_spread={
-            v: max(f) / min(f) if min(f) > 0 else float("inf") for v, f in forward.items()
-        },
+        forward_spread=_spreads(forward),
+        forward_cpu_s_per_rank=cpu,
+        forward_cpu_spread=_spreads(cpu),
         hidden_fraction=hidden,
     )
 
@@ -214,8 +240,12 @@ def main(argv: list[str]) -> int:
     )
     print("forward block compute per rank (ms per step) and spread max ÷ min across ranks:")
     for v in ("ring_contiguous", "ring_zigzag"):
-        per_rank = " ".join(f"{f * 1e3:.1f}" for f in r.forward_s_per_rank[v])
-        print(f"  {v:<17}[{per_rank}]  spread {r.forward_spread[v]:.2f}")
+        for what, per_rank_s, spread in (
+            ("wall", r.forward_s_per_rank[v], r.forward_spread[v]),
+            ("cpu ", r.forward_cpu_s_per_rank[v], r.forward_cpu_spread[v]),
+        ):
+            per_rank = " ".join(f"{f * 1e3:.1f}" for f in per_rank_s)
+            print(f"  {v:<17}{what} [{per_rank}]  spread {spread:.2f}")
     print("K/V transfer hidden behind block compute (1 − wait ÷ transfer, fwd+bwd):")
     for v in ("ring_contiguous", "ring_zigzag"):
         print(f"  {v:<17}{r.hidden_fraction[v]:.0%}")

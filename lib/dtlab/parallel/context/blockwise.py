@@ -46,6 +46,33 @@ def block_is_masked(positions_q: torch.Tensor, positions_k: torch.Tensor, causal
     return causal and bool(positions_k.min() > positions_q.max())
 
 
+def visible_part(
+    positions_q: torch.Tensor, positions_k: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(rows, cols)``: indices of the queries that see at least one key of the block, and of
+    the keys that at least one query sees; ``None`` means all of them.
+
+    Only this sub-block needs computing: every other score is masked. Under zig-zag sharding a
+    block from an earlier rank is seen by every query but only through its *head* chunk, and a
+    block from a later rank only by the *tail* chunk's queries, so each is half a block — the
+    same half on every rank, which is what makes zig-zag's work, not just its unmasked scores,
+    equal across ranks (FlashAttention skips masked tiles the same way, at tile granularity).
+    """
+    if not causal:
+        return None, None
+    rows = positions_q >= positions_k.min()
+    cols = positions_k <= positions_q.max()
+    return (
+        None if bool(rows.all()) else rows.nonzero().squeeze(1),
+        None if bool(cols.all()) else cols.nonzero().squeeze(1),
+    )
+
+
+def take(t: torch.Tensor, index: torch.Tensor | None, dim: int = 2) -> torch.Tensor:
+    """``t``'s entries ``index`` along ``dim`` (all of ``t`` when ``index`` is None)."""
+    return t if index is None else t.index_select(dim, index.to(t.device))
+
+
 def unmasked_scores(positions_q: torch.Tensor, positions_k: torch.Tensor, causal: bool) -> int:
     """Score elements of one (query, key) block that survive the mask, per batch row and head."""
     if not causal:

@@ -19,7 +19,10 @@ Overlap: each step posts the next block's send and receive *before* computing on
 (``isend``/``irecv``, on transports that allow single messages in flight — gloo; otherwise
 each step's exchange completes before its compute, without overlap). Causal: a block whose keys
 all lie after every query of this rank is skipped (no scores computed), which is why contiguous
-causal sharding leaves rank 0 idle most of the ring and zig-zag does not. The messages are counted into ``comm.stats`` under
+causal sharding leaves rank 0 idle most of the ring and zig-zag does not; of a partly masked
+block only the queries that see some key and the keys that some query sees are computed
+(:func:`~dtlab.parallel.context.blockwise.visible_part`) — under zig-zag half of every block
+but the rank's own, on every rank alike. The messages are counted into ``comm.stats`` under
 ``"ring_send"``/``"ring_recv"`` whichever ``collectives=`` the communicator was built with: the
 ring is point-to-point either way.
 """
@@ -27,6 +30,7 @@ ring is point-to-point either way.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,18 +44,61 @@ from dtlab.parallel.context.blockwise import (
     block_attention_backward,
     block_is_masked,
     merge,
+    take,
     unmasked_scores,
+    visible_part,
 )
 
 
 @dataclass
 class AttentionWork:
-    """What one rank's attention computed: blocks done and skipped, unmasked score elements
-    (per batch row and head), summed over the forward passes it was handed to."""
+    """What one rank's attention computed, summed over the forward passes it was handed to:
+    blocks done and skipped, unmasked score elements (per batch row and head), and the matmul
+    FLOPs the forward executed (``Q·Kᵀ`` and ``P·V`` on the visible sub-blocks, counted from the
+    shapes actually multiplied: 4·B·H·rows·cols·Dh per block), and ``forward_cpu_ns``: the CPU
+    time this rank's thread spent in those block computations (``time.thread_time_ns``). With
+    CPU tensors and one intra-op thread per rank (the Cluster's setting when ranks share the
+    cores) that is the compute itself, not inflated when other processes take the core the way a
+    wall-clock span is; with CUDA tensors it only counts kernel launches, so use the trace's
+    spans there."""
 
     blocks_computed: int = 0
     blocks_skipped: int = 0
     unmasked_scores: int = 0
+    forward_flops: int = 0
+    forward_cpu_ns: int = 0
+
+
+def _visible_attention(q, k, v, positions_q, positions_k, causal, work):
+    """One block's ``(o, lse)`` for all of this rank's queries, computing only its visible part."""
+    rows, cols = visible_part(positions_q, positions_k, causal)
+    q_s, k_s, v_s = take(q, rows), take(k, cols), take(v, cols)
+    o_s, lse_s = block_attention(
+        q_s, k_s, v_s, take(positions_q, rows, 0), take(positions_k, cols, 0), causal=causal
+    )
+    if work is not None:
+        b, h, r, d = q_s.shape
+        work.forward_flops += 4 * b * h * r * k_s.shape[2] * d
+    if rows is None:
+        return o_s, lse_s
+    o = o_s.new_zeros(*q.shape[:3], v.shape[-1]).index_copy_(2, rows, o_s)
+    lse = lse_s.new_full(q.shape[:3], float("-inf")).index_copy_(2, rows, lse_s)
+    return o, lse
+
+
+def _visible_backward(d_out, q, k, v, out, lse, positions_q, positions_k, causal):
+    """One block's ``(dq, dk, dv)`` at full shape, computing only its visible part."""
+    rows, cols = visible_part(positions_q, positions_k, causal)
+    dq_s, dk_s, dv_s = block_attention_backward(
+        take(d_out, rows), take(q, rows), take(k, cols), take(v, cols), take(out, rows),
+        take(lse, rows), take(positions_q, rows, 0), take(positions_k, cols, 0), causal=causal,
+    )  # fmt: skip
+    if rows is not None:
+        dq_s = torch.zeros_like(q).index_add_(2, rows, dq_s)
+    if cols is not None:
+        dk_s = torch.zeros_like(k).index_add_(2, cols, dk_s)
+        dv_s = torch.zeros_like(v).index_add_(2, cols, dv_s)
+    return dq_s, dk_s, dv_s
 
 
 class _Ring:
@@ -125,12 +172,14 @@ class _RingAttention(torch.autograd.Function):
                 if work is not None:
                     work.blocks_skipped += 1
             else:
+                cpu_start = time.thread_time_ns()
                 with trace.span("ring_block_forward", kind="compute", step=step):
-                    o_blk, lse_blk = block_attention(
-                        q, k_blk, v_blk, positions_q, pos_blk, causal=causal
+                    o_blk, lse_blk = _visible_attention(
+                        q, k_blk, v_blk, positions_q, pos_blk, causal, work
                     )
                 out, lse = (o_blk, lse_blk) if out is None else merge(out, lse, o_blk, lse_blk)
                 if work is not None:
+                    work.forward_cpu_ns += time.thread_time_ns() - cpu_start
                     work.blocks_computed += 1
                     work.unmasked_scores += unmasked_scores(positions_q, pos_blk, causal)
             if pending is not None:
@@ -153,8 +202,8 @@ class _RingAttention(torch.autograd.Function):
             k_blk, v_blk, pos_blk = held
             if not block_is_masked(positions_q, pos_blk, ctx.causal):
                 with trace.span("ring_block_backward", kind="compute", step=step):
-                    dq_blk, dk_blk, dv_blk = block_attention_backward(
-                        d_out, q, k_blk, v_blk, out, lse, positions_q, pos_blk, causal=ctx.causal
+                    dq_blk, dk_blk, dv_blk = _visible_backward(
+                        d_out, q, k_blk, v_blk, out, lse, positions_q, pos_blk, ctx.causal
                     )
                 dq += dq_blk
                 d_kv = [d_kv[0] + dk_blk, d_kv[1] + dv_blk]
