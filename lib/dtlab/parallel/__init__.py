@@ -22,13 +22,18 @@ Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an on
 ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
 attention core by :func:`parallelize_context`.
 
+Composition (:mod:`dtlab.parallel.compose`): :func:`compose_gpt` applies tensor, context,
+pipeline and data parallelism (DDP, FSDP or HSDP) on one mesh, in torchtitan's order, and knows
+per parameter which groups reduce its gradient (global-norm clipping counts each element once).
+
 Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
 from dtlab.comm import ring_bytes_sent
-from dtlab.parallel import context, pipeline
+from dtlab.parallel import compose, context, pipeline
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
+from dtlab.parallel.compose import compose_gpt
 from dtlab.parallel.context import parallelize_context
 from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
 from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
@@ -54,6 +59,7 @@ from dtlab.parallel.zero_optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [
+    "compose_gpt",
     "AsyncSGDResult",
     "BucketedDDP",
     "ColumnParallelLinear",

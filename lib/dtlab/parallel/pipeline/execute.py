@@ -122,12 +122,15 @@ class PipelineExecutor:
         """This rank's actions, sends and receives included, in the order they run."""
         return self.plan.actions[self.rank]
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """One forward and backward of the batch, micro-batch by micro-batch; gradients land in
         ``.grad`` (accumulated: zero them between steps) and tied ones are summed. Every rank
         passes the same batch (the first stage reads the tokens, the last the targets, the others
-        its shape). Returns the batch's mean loss on the rank holding the last stage, ``None`` on
-        the others."""
+        its shape). ``positions`` (S,), when given, reach every stage's blocks (context parallel:
+        a rank's tokens are not ``0..S-1``). Returns the batch's mean loss on the rank holding
+        the last stage, ``None`` on the others."""
         m = self.schedule.n_micro
         if inputs.shape[0] % m:
             raise ValueError(
@@ -139,6 +142,7 @@ class PipelineExecutor:
         self._inbox: dict[tuple[str, int, int], torch.Tensor] = {}
         self._outbox: dict[tuple[str, int, int], torch.Tensor] = {}
         self._losses: list[torch.Tensor] = []
+        self._positions = positions
         for action in self.actions:
             phase = action.kind if action.is_compute else action.kind[-1]
             with trace.labels(micro_batch=action.micro_batch, phase=phase, stage=action.stage):
@@ -157,7 +161,7 @@ class PipelineExecutor:
     def _f(self, a: Action) -> None:
         s, mb = a.stage, a.micro_batch
         x = self._inputs[mb] if s == 0 else self._inbox.pop(("F", s, mb))
-        out = self.stages[s](x)
+        out = self.stages[s](x) if self._positions is None else self.stages[s](x, self._positions)
         roots = [out]
         aux = getattr(self.stages[s], "aux_loss", None)
         if aux is not None and aux.requires_grad:  # mixture-of-experts stages: their own aux loss

@@ -1,0 +1,23 @@
+"""Composing parallelisms on one mesh: :func:`compose_gpt` applies tensor, context, pipeline and
+data parallelism (DDP, FSDP or HSDP) to the lab GPT from outside, and
+:mod:`~dtlab.parallel.compose.placement` says, per parameter, which groups hold it and reduce its
+gradient — and clips by the global norm with every element counted once."""
+
+from dtlab.parallel.compose.gpt import DATA_PARALLEL, ComposedGPT, check_composition, compose_gpt
+from dtlab.parallel.compose.placement import (
+    Placement,
+    clip_global_grad_norm_,
+    global_grad_norm,
+    place_parameters,
+)
+
+__all__ = [
+    "DATA_PARALLEL",
+    "ComposedGPT",
+    "Placement",
+    "check_composition",
+    "clip_global_grad_norm_",
+    "compose_gpt",
+    "global_grad_norm",
+    "place_parameters",
+]
