@@ -59,6 +59,7 @@ from dtlab.parallel.zero_optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [
+    "compose",
     "compose_gpt",
     "AsyncSGDResult",
     "BucketedDDP",
