@@ -157,6 +157,35 @@ class ComposedGPT:
                 dist.all_reduce(loss, group=getattr(self.mesh, f"{dim}_group"))
         return loss.item() / (self.mesh.cp_size * self.mesh.dp_size)
 
+    def communicators(self) -> dict[str, Communicator]:
+        """Every communicator this rank's training step uses, by group: ``tp``, ``cp``, ``pp``
+        (the pipeline's sends), ``embedding`` (the tied embedding's two stages), ``dp`` (DDP's
+        all-reduce or FSDP's gathers and reduce-scatters), ``dp_replicate`` (HSDP)."""
+        comms = {d: c for d, c in self.comms.items() if c.world_size > 1}
+        if self.pipeline is not None:
+            comms["pp"] = self.pipeline.comm
+            if self.pipeline.tied_comm is not None:
+                comms["embedding"] = self.pipeline.tied_comm
+        if self.fsdp is not None:
+            comms["dp"] = self.fsdp.comm
+        if self.replica_comm is not None and self.replica_comm.world_size > 1:
+            comms["dp_replicate"] = self.replica_comm
+        return comms
+
+    def reset_traffic(self) -> None:
+        """Zero every communicator's byte counts."""
+        for comm in self.communicators().values():
+            comm.stats.reset()
+
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Bytes this rank sent since :meth:`reset_traffic`, by group and collective — counted
+        from real messages when built with ``collectives="dtlab"`` (``stats.counted``)."""
+        return {
+            group: dict(comm.stats.bytes_by_op)
+            for group, comm in self.communicators().items()
+            if comm.stats.bytes_by_op
+        }
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient, every element counted once."""
         return clip_global_grad_norm_(
