@@ -43,13 +43,21 @@ class _Along:
 class Mesh:
     """A :class:`Layout` made real on this rank (every rank must build it, in the same order)."""
 
-    def __init__(self, layout: Layout | None = None, *, device_type: str | None = None, **degrees):
+    def __init__(
+        self,
+        layout: Layout | None = None,
+        *,
+        device_type: str | None = None,
+        ranks_per_node: int | None = None,
+        **degrees,
+    ):
         if not dist.is_initialized():
             raise RuntimeError("a Mesh needs ranks: build it inside cluster.run(...) or torchrun")
         self.layout = layout if layout is not None else Layout(**degrees)
         self.layout.check(dist.get_world_size())
         self.rank = dist.get_rank()
         self.coordinates = self.layout.coordinates(self.rank)
+        self.ranks_per_node = _ranks_per_node(ranks_per_node, dist.get_world_size())
         if device_type is None:
             from dtlab.runtime.context import device
 
@@ -81,6 +89,17 @@ class Mesh:
         )
         return f"Mesh({degrees}; rank {self.rank} at {self.coordinates})"
 
+    # -- nodes ---------------------------------------------------------------------------------
+    def node_of(self, rank: int) -> int:
+        """The node global ``rank`` runs on: torchrun numbers ranks node by node."""
+        return rank // self.ranks_per_node
+
+    def crosses_nodes(self, dim: str) -> bool:
+        """Whether this rank's ``dim`` group spans more than one node — its collectives then run
+        at the NIC's bandwidth instead of NVLink's. With ``tp`` innermost in the rank order a TP
+        group of at most ``ranks_per_node`` ranks stays inside a node."""
+        return len({self.node_of(r) for r in self._ranks[dim]}) > 1
+
     # -- pipeline neighbours -------------------------------------------------------------------
     @property
     def is_first_pp_stage(self) -> bool:
@@ -103,6 +122,19 @@ class Mesh:
     @property
     def is_first_tp_rank(self) -> bool:
         return self.tp_rank == 0
+
+
+def _ranks_per_node(given: int | None, world: int) -> int:
+    """Ranks per node: ``given``, else torchrun's ``LOCAL_WORLD_SIZE``, else all (one node)."""
+    import os
+
+    value = given if given is not None else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if value < 1 or world % value:
+        raise ValueError(
+            f"ranks_per_node={value} does not divide the world of {world} ranks; every node "
+            "must run the same number of ranks"
+        )
+    return value
 
 
 for _dim in DIMS:

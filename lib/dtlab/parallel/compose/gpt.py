@@ -6,7 +6,8 @@ order production code applies them (torchtitan's ``parallelize_llama``; Megatron
 3. **pipeline stages** over ``pp`` (:func:`pipeline_gpt`, any schedule);
 4. **data parallel** outermost over ``dp``: replicas whose gradients are all-reduced
    (``"ddp"``), FSDP shards (``"fsdp"``), or HSDP — FSDP inside groups of ``hsdp_shard``
-   consecutive dp ranks (a node), replicas all-reduced across them (``"hsdp"``).
+   consecutive dp ranks (default: those on one node, :meth:`Mesh.node_of`), replicas
+   all-reduced across them (``"hsdp"``).
 
 What moves where in one :meth:`ComposedGPT.train_step`, beyond each mechanism's own traffic
 (Megatron's f/g all-reduces over tp, the K/V ring over cp, activations point to point over pp,
@@ -257,6 +258,12 @@ def _hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.Proces
     return mine_shard, mine_replica
 
 
+def _node_share_of_dp(mesh: Mesh) -> int:
+    """HSDP's default shard group: the dp ranks that share a node (all of dp on one node)."""
+    inside = len({mesh.node_of(r) for r in mesh.dp_ranks})
+    return mesh.dp_size // inside if mesh.dp_size % inside == 0 else mesh.dp_size
+
+
 def _divs(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -302,7 +309,7 @@ def compose_gpt(
     elif data_parallel in ("fsdp", "hsdp"):
         group = mesh.dp_group
         if data_parallel == "hsdp":
-            composed.hsdp_shard = hsdp_shard or mesh.dp_size
+            composed.hsdp_shard = hsdp_shard or _node_share_of_dp(mesh)
             group, replicas = _hsdp_groups(mesh, composed.hsdp_shard)
             composed.replica_comm = Communicator(replicas, collectives=collectives, dim="dp")
         composed.fsdp = FullyShardedDataParallel(
