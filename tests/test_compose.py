@@ -80,6 +80,7 @@ def cluster8():
     [
         ({"dp": 2, "tp": 2}, "ddp", True),
         ({"dp": 2, "tp": 2}, "fsdp", False),  # FSDP × TP, 2-D
+        ({"dp": 2, "tp": 2}, "fsdp", True),
         ({"dp": 4}, "hsdp", False),  # shard inside blocks of 2, replicate across
         ({"pp": 2, "tp": 2}, "ddp", False),
         ({"dp": 2, "cp": 2}, "fsdp", False),

@@ -37,6 +37,7 @@ from dtlab.parallel.compose.placement import Placement, clip_global_grad_norm_, 
 from dtlab.parallel.context import parallelize_context, shard_batch
 from dtlab.parallel.pipeline import PipelineExecutor, Schedule, pipeline_gpt
 from dtlab.parallel.tensor import TensorParallel, parallelize_gpt
+from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
 from dtlab.parallel.zero3 import FullyShardedDataParallel
 
 DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
@@ -139,9 +140,14 @@ class ComposedGPT:
         return self._global_mean(loss)
 
     def _reduce_gradients(self) -> None:
-        if self.tp is not None:
-            self.tp.finish_gradients()
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        named = [(n, p) for n, p in self.named_parameters() if p.grad is not None]
+        if self.tp is not None and self.tp.sequence_parallel:
+            # Sum the partial gradients of the SP-replicated parameters over tp — by name, since
+            # under FSDP the registered tensors are this rank's shard views, not the originals
+            # TensorParallel listed (the sum is elementwise, so shards sum like whole tensors).
+            partial = [p for n, p in named if "tp" in self.placements[n].reduced_over]
+            all_reduce_partial_grads(partial, self.tp.comm)
+        grads = [p.grad for _, p in named]
         if self.mesh.cp_size > 1:
             _average_flat(grads, self.comms["cp"], "cp_grad")
         if self.data_parallel == "ddp" and self.mesh.dp_size > 1:
@@ -293,7 +299,12 @@ def compose_gpt(
     if mesh.cp_size > 1:
         parallelize_context(model, comms["cp"], cp_style)
     composed = ComposedGPT(mesh, model, data_parallel, cp_style, tp=tp, comms=comms)
-    if tp is not None:
+    partial_names: set[str] = set()
+    if tp is not None:  # names now: FSDP below replaces the tensors with its shard views
+        partial = {id(p) for p in tp.partial_grads}
+        partial_names = {
+            n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in partial
+        }
         by_id = {id(p): tp.shard_dims[n] for n, p in model.named_parameters() if n in tp.shard_dims}
         composed.tp_shard_dims = {
             n: by_id[id(p)]
@@ -322,12 +333,11 @@ def compose_gpt(
     if composed.hsdp_shard:  # sharded inside the block, replicated across: dp splits in two
         degrees["dp_shard"] = composed.hsdp_shard
         degrees["dp_replicate"] = mesh.dp_size // composed.hsdp_shard
-    partial = {id(p) for p in tp.partial_grads} if tp else set()
     composed.placements = place_parameters(
         names,
         degrees,
         tp_sharded=set(composed.tp_shard_dims),
-        tp_partial={n for n, p in model.named_parameters() if id(p) in partial},
+        tp_partial=partial_names,
         dp_sharded=sharded_dp,
         tied={"embed.weight", "lm_head.weight"} if tied and mesh.pp_size > 1 else set(),
         hybrid=bool(composed.hsdp_shard),
