@@ -56,3 +56,12 @@ def test_fsdp_by_tp_equals_torch_fully_shard_over_parallelize_module(cluster4):
         for result in cluster4.run(_ours_and_torchs, sp):
             assert result["same_names"], sp
             assert result["loss"] < TOLERANCE and result["grads"] < TOLERANCE, (sp, result)
+
+
+def test_bench_compose_runs_both_compositions_and_reports_a_ratio_to_torch(cluster4):
+    from dtlab.bench import compose
+
+    results = compose.run(cluster4, dp=2, tp=2, steps=1, repeats=1)
+    assert [r.implementation for r in results] == list(compose.IMPLEMENTATIONS)
+    baseline = results[-1]
+    assert baseline.vs_torch.median == 1.0 and all(r.step_s > 0 for r in results)
