@@ -301,7 +301,7 @@ def compose_gpt(
     composed = ComposedGPT(mesh, model, data_parallel, cp_style, tp=tp, comms=comms)
     partial_names: set[str] = set()
     if tp is not None:  # names now: FSDP below replaces the tensors with its shard views
-        partial = {id(p) for p in tp.partial_grads}
+        partial = {id(p) for p in tp.partial_grads} if sequence_parallel else set()
         partial_names = {
             n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in partial
         }
