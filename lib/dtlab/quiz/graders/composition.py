@@ -3,7 +3,7 @@
 ``system_design.reduction_groups`` — ``fn(name, degrees, data_parallel, sequence_parallel) ->
 set of dimension names``: the mesh dimensions over which parameter ``name`` of the lab GPT has
 its gradient reduced (averaged or summed) before the optimizer step. Graded on real ranks: the
-cluster composes the tiny GPT with :func:`~dtlab.parallel.compose.compose_gpt` for several
+cluster (4 or 8 ranks: dp doubles on 8) composes the tiny GPT with :func:`~dtlab.parallel.compose.compose_gpt` for several
 layouts, and on every rank the answer for every parameter that rank holds must equal what the
 composed model does (:attr:`ComposedGPT.placements`). Calling ``place_parameters`` or
 ``compose_gpt`` is refused: the skill is knowing which groups hold copies.
@@ -52,7 +52,9 @@ def _groups_on_rank(fn: Callable) -> dict:
 
     config = GPTConfig.tiny(seq_len=16, d_model=32, vocab_size=64, dropout=0.0)
     problems, used, checked = [], [], 0
-    for degrees, data_parallel, sp in LAYOUTS:
+    for base, data_parallel, sp in LAYOUTS:
+        degrees = {**base, "dp": base.get("dp", 1) * dist.get_world_size() // 4}
+        degrees = {d: n for d, n in degrees.items() if n > 1}
         mesh = Mesh(**degrees)
         schedule = one_f_one_b(mesh.pp_size, 2) if mesh.pp_size > 1 else None
         composed = compose_gpt(
@@ -83,10 +85,10 @@ def _groups_on_rank(fn: Callable) -> dict:
 @exercise("system_design.reduction_groups", title="Which groups reduce each gradient", world_size=4)
 def grade_reduction_groups(fn: Callable, cluster: Any) -> GradeResult:
     """``fn(name, degrees, data_parallel, sequence_parallel) -> set[str]`` (see module doc)."""
-    if cluster.world_size != 4:
+    if cluster.world_size % 4:
         raise ValueError(
-            f"this exercise composes 4-rank meshes; pass a cluster of 4 ranks (this one has "
-            f"{cluster.world_size})"
+            f"this exercise composes meshes of 4 ranks (dp scaled up on bigger clusters); pass "
+            f"a cluster of 4 or 8 ranks (this one has {cluster.world_size})"
         )
     results = cluster.run(_groups_on_rank, fn)
     for r in results:
@@ -104,7 +106,7 @@ def grade_reduction_groups(fn: Callable, cluster: Any) -> GradeResult:
     return GradeResult(
         True,
         f"Right for all {total} (rank, parameter) pairs across {len(LAYOUTS)} composed layouts "
-        "(DDP×TP with SP, FSDP×TP, PP×TP, DP×CP) on 4 ranks.",
+        f"(DDP×TP with SP, FSDP×TP, PP×TP, DP×CP) on {cluster.world_size} ranks.",
     )
 
 

@@ -1,0 +1,416 @@
+# %% [markdown]
+# # Lab 11 — Composing parallelism and planning a run
+#
+# No large run uses one kind of parallelism. Llama 3's 405B trained on 16k GPUs with tensor
+# parallelism inside each node, pipeline stages across nodes, context parallelism for long
+# sequences and FSDP over everything else. Each mechanism of labs 02–06 becomes one dimension of a
+# **device mesh**, and every rank belongs to one group per dimension.
+#
+# One idea at a time:
+#
+# 1. the mesh: which ranks form each group, and which groups leave a node;
+# 2. 2-D (FSDP × TP) and 3-D (PP × DP × TP) on the cluster: the same loss as one process, and
+#    the bytes each group moved, counted, beside the planner's prediction;
+# 3. the fourth dimension (context parallel) and what a 16-rank 4-D layout would move;
+# 4. memory per rank as dimensions are added;
+# 5. which groups reduce each gradient, and clipping by the global norm — then you write it;
+# 6. the order of the mesh dimensions: what putting the wrong one inside a node costs;
+# 7. the planner: jobs planned end to end, every rejected layout with its reason — then you pick one.
+
+# %%
+import plotly.graph_objects as go
+import torch
+
+import dtlab
+import dtlab.viz
+from dtlab.config import fast_mode, lab_world_size
+from dtlab.mesh import Layout
+from dtlab.models import GPTConfig
+from dtlab.plan import (
+    JOBS,
+    LLAMA_13B,
+    ParallelPlan,
+    activation_bytes_per_gpu,
+    candidate_plans,
+    first_plan_that_fits,
+    pipeline_bubble,
+    plan_problems,
+    state_bytes_per_gpu,
+)
+from dtlab.plan.mesh_order import compare_orders, crosses_nodes
+from dtlab.plan.predict import parameters_per_rank, predicted_traffic
+from dtlab.quiz import ask, check_exercise
+
+dtlab.viz.setup_notebook()
+FAST = fast_mode()
+
+# %% [markdown]
+# ## 1. The cluster <a id="setup"></a>
+#
+# Eight ranks, pretending to be two nodes of four (`RANKS_PER_NODE`): enough for three mesh
+# dimensions of 2 at once. The model is the lab GPT at a size where one step takes milliseconds;
+# what matters here is that every number below is exact, not that it is large.
+
+# %%
+cluster = dtlab.Cluster(lab_world_size(8))
+WORLD = cluster.world_size
+RANKS_PER_NODE = WORLD // 2
+CONFIG = dict(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
+GLOBAL_BATCH, MICRO_BATCHES = 8, 2
+print(f"{WORLD} ranks on {cluster.device_type}, {RANKS_PER_NODE} per node; GPT {CONFIG}")
+
+# %% [markdown]
+# ## 2. The mesh: one group per dimension <a id="mesh"></a>
+#
+# A layout `pp × dp × cp × tp` numbers the ranks row-major with `tp` innermost
+# (`dtlab.mesh.Layout`, the order torchtitan and Megatron use). Rank `r`'s TP group is a block of
+# consecutive ranks; its DP group strides over them. Look for: with 4 ranks per node, the TP
+# groups `[0, 1]`, `[2, 3]` … stay inside a node while the pipeline groups `[0, 4]` … cross.
+
+# %%
+layout = Layout(pp=2, dp=2, tp=2)
+for dim in ("tp", "dp", "pp"):
+    crossing = crosses_nodes({"pp": 2, "dp": 2, "tp": 2}, ("pp", "dp", "cp", "tp"), RANKS_PER_NODE)
+    where = "crosses nodes" if crossing[dim] else "inside a node"
+    print(f"{dim}: {layout.groups(dim)}  ({where})")
+
+
+# %% [markdown]
+# ## 3. 2-D and 3-D on the cluster <a id="compose"></a>
+#
+# `compose_gpt` applies the mechanisms from outside, in torchtitan's order: tensor parallel inside
+# each block, then context parallel attention, then pipeline stages, then data parallel (DDP,
+# FSDP or HSDP) outermost. Every rank builds the same model and gets the same global batch;
+# `train_step` takes its dp rows and its share of the sequence. The function below trains three
+# steps, compares the loss with one process training the whole model, and returns the bytes each
+# group sent, counted from real messages (`collectives="dtlab"`), beside the planner's prediction
+# (`predicted_traffic`), which is computed from the config and the layout alone.
+
+
+# %%
+def train_composed(degrees: dict, data_parallel: str = "ddp", sp: bool = False, steps: int = 3):
+    from dtlab.mesh import Mesh
+    from dtlab.models import GPT, SyntheticTokens, loss_fn
+    from dtlab.parallel.compose import compose_gpt
+    from dtlab.parallel.pipeline import one_f_one_b
+
+    config = GPTConfig.tiny(**CONFIG)
+    data = SyntheticTokens(config, n_batches=steps, batch_size=GLOBAL_BATCH, seed=3)
+    reference = GPT(config, seed=0, dtype=torch.float64)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    mesh = Mesh(**degrees, ranks_per_node=RANKS_PER_NODE)
+    schedule = one_f_one_b(mesh.pp_size, MICRO_BATCHES) if mesh.pp_size > 1 else None
+    composed = compose_gpt(
+        GPT(config, seed=0, dtype=torch.float64), mesh, data_parallel=data_parallel,
+        sequence_parallel=sp, schedule=schedule, collectives="dtlab",
+    )  # fmt: skip
+    opt = torch.optim.SGD(composed.parameters(), lr=0.1)
+    gap = 0.0
+    for step, (tokens, targets) in enumerate(data):
+        ref_opt.zero_grad()
+        ref_loss = loss_fn(reference(tokens), targets)
+        ref_loss.backward()
+        ref_opt.step()
+        opt.zero_grad()
+        composed.reset_traffic()
+        with dtlab.trace.labels(step=step):
+            loss = composed.train_step(tokens, targets)
+        opt.step()
+        gap = max(gap, abs(loss - ref_loss.item()))
+    layout = Layout(**degrees)
+    predicted = predicted_traffic(
+        config, layout, global_batch=GLOBAL_BATCH, pp_rank=mesh.pp_rank, n_micro=MICRO_BATCHES,
+        sequence_parallel=sp, data_parallel=data_parallel if data_parallel != "hsdp" else "fsdp",
+        bytes_per_element=8,  # the fp64 model, so that "equal to one process" means to rounding
+    )  # fmt: skip
+    held = sum(p.numel() for p in composed.parameters())
+    return {
+        "gap": gap,
+        "counted": composed.traffic(),
+        "predicted": predicted,
+        "params_held": held,
+        "predicted_params": parameters_per_rank(config, layout, mesh.pp_rank),
+        "placements": {n: p.reduced_over for n, p in composed.placements.items()},
+        "norm": composed.clip_grad_norm_(1e9).item(),
+        "reference_norm": torch.sqrt(
+            sum(p.grad.pow(2).sum() for p in reference.parameters())
+        ).item(),
+    }
+
+
+def show_traffic(results) -> None:
+    for rank in sorted({0, len(results) - 1}):
+        r = results[rank]
+        print(f"rank {rank}: loss gap to one process {r['gap']:.1e}")
+        for group, ops in r["counted"].items():
+            want = r["predicted"].get(group, {}) if group != "dp_replicate" else {}
+            for op, nbytes in ops.items():
+                if nbytes:
+                    print(
+                        f"  {group:>10} {op:<15} counted {nbytes:>9,} B   predicted {want.get(op, 0):>9,} B"
+                    )
+
+
+# %% [markdown]
+# **2-D: FSDP × TP.** Tensor parallel in pairs of ranks, FSDP over the other four. Look for: the
+# loss equal to one process's at fp64 rounding, the TP all-reduces (activations, every block,
+# forward and backward), FSDP's all-gathers and reduce-scatters (parameters, once per unit), each
+# counted total equal to the planner's.
+
+# %%
+two_d = cluster.run(train_composed, {"dp": WORLD // 2, "tp": 2}, "fsdp")
+show_traffic(two_d)
+
+# %% [markdown]
+# **3-D: PP × DP × TP** with 1F1B over 2 micro-batches. New groups appear: `pp` (activations
+# point to point between the stages) and `embedding` (the tied embedding's two copies, on the
+# first and the last stage, summed). Look for: stage 0 (rank 0) and the last stage (rank 7)
+# moving different TP bytes — the vocabulary-parallel loss runs on the last stage only — and the
+# same agreement with the prediction. The timeline colours communication by group.
+
+# %%
+three_d = cluster.run(train_composed, {"pp": 2, "dp": WORLD // 4, "tp": 2})
+show_traffic(three_d)
+dtlab.viz.timeline(
+    three_d.trace.filter(step=2),
+    title="PP × DP × TP: one training step, communication coloured by group",
+    color_by="group",
+)
+
+# %% [markdown]
+# ## 4. The fourth dimension <a id="four-d"></a>
+#
+# Context parallel splits each sequence. On 8 ranks we can hold three dimensions of 2 at a time,
+# so here is PP × CP × TP: the ring moves K/V between the CP ranks of each stage. A real 4-D
+# layout (PP × DP × CP × TP) needs 16 ranks; its traffic is the planner's prediction, every term
+# of which the runs above have just checked against counted bytes. Look for: the `cp` ring bytes
+# (every block, forward and backward) and the gradient average over `cp`, which a DP rank would
+# also pay.
+
+# %%
+cp_run = cluster.run(train_composed, {"pp": 2, "cp": 2, "tp": WORLD // 4})
+show_traffic(cp_run)
+four_d = predicted_traffic(
+    GPTConfig.tiny(**CONFIG), Layout(pp=2, dp=2, cp=2, tp=2), global_batch=GLOBAL_BATCH,
+    n_micro=MICRO_BATCHES, bytes_per_element=8,
+)  # fmt: skip
+print("16-rank 4-D layout, stage 0, predicted bytes per rank:", four_d)
+
+# %% [markdown]
+# ## 5. Memory per rank as dimensions are added <a id="memory"></a>
+#
+# Parameters held per rank, measured from the tensors each rank keeps (before FSDP's sharding
+# for the DDP layouts; FSDP divides it by `dp`), for one layout per step of the build-up:
+# pure data parallel, FSDP, HSDP (FSDP inside each 4-rank node, replicas across the two nodes),
+# FSDP × TP, and PP × DP × TP. Look for: TP and PP dividing what every rank holds, DP (DDP) not
+# dividing it at all, FSDP dividing it by `dp` and HSDP by the node's share of `dp` only.
+
+# %%
+runs = {
+    "DDP, dp=8": ({"dp": WORLD}, "ddp"),
+    "FSDP, dp=8": ({"dp": WORLD}, "fsdp"),
+    "HSDP, 4 per node": ({"dp": WORLD}, "hsdp"),
+    "FSDP × TP": ({"dp": WORLD // 2, "tp": 2}, "fsdp"),
+    "PP × DP × TP": ({"pp": 2, "dp": WORLD // 4, "tp": 2}, "ddp"),
+}
+held = {}
+for label, (degrees, mode) in runs.items():
+    results = two_d if label == "FSDP × TP" else three_d if label == "PP × DP × TP" else None
+    results = results or cluster.run(train_composed, degrees, mode, steps=1)
+    held[label] = max(r["params_held"] for r in results)
+    print(f"{label:>18}: {held[label]:>7,} parameters on the fullest rank")
+fig = go.Figure(go.Bar(x=list(held), y=list(held.values())))
+fig.update_layout(
+    title="Parameters held per rank (measured), fullest rank",
+    xaxis_title="layout",
+    yaxis_title="parameters per rank",
+)
+fig
+
+# %% [markdown]
+# ## 6. Which groups reduce each gradient <a id="reduction-groups"></a>
+#
+# Before the optimizer step every gradient must be summed or averaged over exactly the ranks that
+# hold a copy of the same tensor and saw different data. `compose_gpt` records it per parameter
+# (`composed.placements`). Look for, on the 3-D run: a TP-sharded matrix averaged over `dp` only;
+# the tied embedding also summed over `pp` (its copy on the last stage).
+
+# %%
+for name, groups in list(three_d[0]["placements"].items())[:6]:
+    print(f"{name:<32} reduced over {groups}")
+print(
+    f"{'lm_head.weight (last stage)':<32} reduced over {three_d[-1]['placements']['lm_head.weight']}"
+)
+
+# %% [markdown]
+# **Clipping by the global norm.** Each rank holds pieces: TP shards, pipeline stages, FSDP
+# shards, and replicas of the rest. The norm of the whole gradient adds every *distinct* element
+# once: a rank adds its squares only where it is coordinate 0 of every dimension it is a replica
+# along, and one all-reduce over the world sums them. Look for: the composed norm equal to one
+# process's.
+
+# %%
+for label, results in (("FSDP × TP", two_d), ("PP × DP × TP", three_d)):
+    r = results[0]
+    print(f"{label}: global norm {r['norm']:.12f}, one process {r['reference_norm']:.12f}")
+
+# %% [markdown]
+# ### Exercise: which groups reduce this gradient? <a id="exercise-reduction-groups"></a>
+#
+# Write `reduction_groups(name, degrees, data_parallel, sequence_parallel)`: the set of mesh
+# dimensions (`"dp"`, `"cp"`, `"tp"`, `"pp"`) over which parameter `name` of the lab GPT has its
+# gradient reduced. Hints: data-parallel and context-parallel ranks all hold the same weights
+# and saw different tokens; under sequence parallelism the replicated parameters (LayerNorms, the
+# row-parallel biases, the position table) get only their tokens' share on each TP rank; the tied
+# embedding lives on the first and last pipeline stage. The grader composes the GPT on the
+# cluster for four layouts and checks every parameter on every rank. Calling `place_parameters`
+# or `compose_gpt` is refused.
+
+# %%
+PARTIAL = ("attn_norm", "mlp_norm", "final_norm", "out_proj.bias", "fc_out.bias", "pos_embed")
+
+
+def reduction_groups(name, degrees, data_parallel, sequence_parallel):
+    # BEGIN SOLUTION
+    groups = {d for d in ("dp", "cp") if degrees.get(d, 1) > 1}
+    if sequence_parallel and degrees.get("tp", 1) > 1 and any(p in name for p in PARTIAL):
+        groups.add("tp")
+    if degrees.get("pp", 1) > 1 and name in ("embed.weight", "lm_head.weight"):
+        groups.add("pp")
+    return groups
+    # END SOLUTION
+
+
+# %%
+check_exercise("system_design.reduction_groups", reduction_groups, cluster)
+
+# %% [markdown]
+# ## 7. The order of the mesh dimensions <a id="mesh-order"></a>
+#
+# Which dimension lands inside a node is decided by the order. Price every order for a 70B-like
+# model (80 layers, d = 8192, bf16) on 128 GPUs, 16 nodes of 8, with TP 8 × PP 4 × DP 4 and 16
+# micro-batches: the bytes per rank per step come from `predicted_traffic`, the time from NVLink
+# (~450 GB/s per GPU) inside a node and one 400 Gb/s NIC per GPU (~50 GB/s) across. Look for: TP
+# innermost the cheapest by far; TP across nodes several times slower, because its activations
+# move every layer.
+
+# %%
+big = GPTConfig(vocab_size=32000, seq_len=4096, d_model=8192, n_layers=80, n_heads=64)
+big_layout = {"pp": 4, "dp": 4, "tp": 8}
+traffic = predicted_traffic(
+    big, Layout(**big_layout), global_batch=64, n_micro=16, bytes_per_element=2
+)
+bytes_per_dim = {
+    dim: sum(traffic.get(dim, {}).values())
+    + (sum(traffic["embedding"].values()) if dim == "pp" else 0)
+    for dim in big_layout
+}
+orders = compare_orders(bytes_per_dim, big_layout, ranks_per_node=8)
+for cost in orders:
+    inside = [d for d, crosses in cost.crosses.items() if not crosses]
+    print(f"order {cost.order}: inside a node {inside}, {cost.total_s:.2f} s of transfer per step")
+fig = go.Figure(go.Bar(x=[" × ".join(c.order) for c in orders], y=[c.total_s for c in orders]))
+fig.update_layout(
+    title="Transfer time per step by mesh order (outermost × … × innermost)",
+    xaxis_title="mesh order",
+    yaxis_title="seconds per step (no overlap)",
+)
+fig
+
+# %% [markdown]
+# ## 8. The planner <a id="planner"></a>
+#
+# For a job (model, GPUs, batch, sequence) the planner walks the layouts the way an expert does
+# (smallest TP inside a node, fewest stages, lowest ZeRO stage) and says, in words, what rules
+# each one out; below, one line each time the reason changes, up to the first layout that fits.
+# Look for: the 70B job's layouts failing on the batch (2,048 GPUs and 1,024 sequences per step
+# leave less than one sequence per data-parallel rank) until TP takes a factor of 2, the 13B
+# job's first layout failing on memory, and the chosen layouts' memory and bubble. The traffic and
+# memory terms are the formulas the sections above checked against the cluster; what this
+# planner does not yet price is time — a layout that fits can still be communication-bound.
+
+
+# %%
+def show_plans(req, limit: int = 8) -> None:
+    """The candidates in the planner's order, one line per new verdict, up to the first fit."""
+    print(f"{req.name}: {req.params / 1e9:.0f}B params on {req.n_gpus} {req.gpu}")
+    last, shown = None, 0
+    for plan in candidate_plans(req):
+        problems = plan_problems(req, plan)
+        verdict = "fits" if not problems else problems[0]
+        if verdict != last and shown < limit:
+            print(
+                f"  dp={plan.dp:<4} tp={plan.tp} pp={plan.pp:<2} v={plan.virtual_stages} "
+                f"ZeRO-{plan.zero_stage}: {verdict}"
+            )
+            last, shown = verdict, shown + 1
+        if not problems:
+            break
+    chosen = first_plan_that_fits(req)
+    gb = (state_bytes_per_gpu(req.params, chosen) + activation_bytes_per_gpu(req, chosen)) / 1e9
+    print(
+        f"  chosen: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp} v={chosen.virtual_stages} "
+        f"ZeRO-{chosen.zero_stage}, {gb:.1f} GB/GPU, bubble {pipeline_bubble(req, chosen):.1%}"
+    )
+
+
+for req in JOBS:
+    show_plans(req)
+
+# %% [markdown]
+# Pick a job and see its plans (the dropdown re-runs the planner).
+
+# %%
+try:
+    import ipywidgets
+
+    ipywidgets.interact(
+        lambda job: show_plans(job), job=ipywidgets.Dropdown(options=[(j.name, j) for j in JOBS])
+    )
+except ImportError:
+    show_plans(LLAMA_13B)
+
+# %% [markdown]
+# ### Exercise: pick and justify a layout <a id="exercise-pick-layout"></a>
+#
+# Write `pick_layout(req)`: return a `ParallelPlan` that works for the job `req` and the two
+# numbers that justify it, `{"gb_per_gpu": …, "bubble": …}` (model state plus activations per
+# GPU in GB, and the pipeline bubble fraction). The grader plans two jobs with it: every check of
+# `plan_problems` must pass and your numbers must be within 5 % of the planner's. You may use
+# `plan_problems` and the formulas of `dtlab.plan.layout_cost`; the planner's own search
+# (`first_plan_that_fits`, `candidate_plans`) is refused — choose the order of trying yourself.
+
+
+# %%
+def pick_layout(req):
+    # BEGIN SOLUTION
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8, 16):
+            for zero in (1, 2, 3):
+                if req.n_gpus % (tp * pp):
+                    continue
+                plan = ParallelPlan(req.n_gpus // (tp * pp), tp, pp, zero)
+                if not plan_problems(req, plan):
+                    gb = state_bytes_per_gpu(req.params, plan) + activation_bytes_per_gpu(req, plan)
+                    return plan, {"gb_per_gpu": gb / 1e9, "bubble": pipeline_bubble(req, plan)}
+    raise ValueError(f"no layout fits {req.name}")
+    # END SOLUTION
+
+
+# %%
+check_exercise("system_design.pick_layout", pick_layout, cluster)
+
+# %% [markdown]
+# ## 9. Quiz <a id="quiz"></a>
+
+# %%
+ask("system_design.planning_order")
+
+# %%
+ask("system_design.four_oh_five_b_plan")
+
+# %%
+ask("system_design.launch_two_nodes")
+
+# %%
+cluster.close()
