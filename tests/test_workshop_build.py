@@ -276,6 +276,8 @@ AUDITED_LABS = (
     "04_tensor_parallel",
     "05_pipeline_parallel",
     "06_context_parallel",
+    "07_mixture_of_experts",
+    "11_composition",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)
 

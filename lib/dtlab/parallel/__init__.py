@@ -22,6 +22,11 @@ Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an on
 ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
 attention core by :func:`parallelize_context`.
 
+Expert parallel (:mod:`dtlab.parallel.expert`, lab 07): the lab GPT gets mixture-of-experts
+blocks through its MLP factory (:func:`dtlab.models.moe.moe_mlp_factory`); :func:`parallelize_experts`
+shards the experts over the mesh's ``ep`` group — a counted count exchange, then the dispatch and
+combine all-to-alls — and dense gradients sync over ``dp``, expert gradients over ``edp``.
+
 Composition (:mod:`dtlab.parallel.compose`): :func:`compose_gpt` applies tensor, context,
 pipeline and data parallelism (DDP, FSDP or HSDP) on one mesh, in torchtitan's order, and knows
 per parameter which groups reduce its gradient (global-norm clipping counts each element once).
@@ -31,7 +36,7 @@ counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
 from dtlab.comm import ring_bytes_sent
-from dtlab.parallel import compose, context, pipeline
+from dtlab.parallel import compose, context, expert, pipeline
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
 from dtlab.parallel.compose import compose_gpt
 from dtlab.parallel.context import parallelize_context
@@ -39,6 +44,7 @@ from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
 from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
 from dtlab.parallel.ddp_naive import NaiveDDP
 from dtlab.parallel.ddp_overlap import OverlappedDDP
+from dtlab.parallel.expert import ExpertParallel, parallelize_experts
 from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.offload import offload_device
@@ -59,8 +65,11 @@ from dtlab.parallel.zero_optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [
+    "ExpertParallel",
     "compose",
     "compose_gpt",
+    "expert",
+    "parallelize_experts",
     "AsyncSGDResult",
     "BucketedDDP",
     "ColumnParallelLinear",

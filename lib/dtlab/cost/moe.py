@@ -1,0 +1,139 @@
+"""Mixture-of-experts arithmetic: expert capacity, all-to-all bytes from token counts, and what
+node-limited routing saves on the inter-node links.
+
+Capacity (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): with ``T`` tokens routed to
+``k`` of ``E`` experts, a balanced expert receives ``T·k/E`` assignments; each expert accepts at
+most ``C = ceil(c · T·k/E)`` of them (``c`` the capacity factor), the rest are dropped (the token
+keeps only its residual for that expert).
+
+All-to-all bytes of expert parallelism over ``ep`` ranks, per rank, from the token counts the
+router actually produced (rows of ``h`` values of ``e`` bytes):
+
+* dispatch sends every kept assignment whose expert lives on another rank:
+  ``Σ_{experts not mine} kept_e · h · e``;
+* combine sends back every row this rank received from another rank;
+* backward runs both again with the roles swapped (the same bytes);
+* the counts themselves are exchanged first: ``(ep-1) · E/ep`` int64 values.
+
+Node-limited routing (DeepSeek-V3, DeepSeek-AI 2024, §2.1.2): each token's experts sit on at most
+``M`` nodes. A token's vector crosses the inter-node network once per *remote node* it needs (it
+is then forwarded over NVLink to the GPUs inside that node), so inter-node bytes per token fall
+from ``E[remote nodes among k random experts] · h · e`` to at most ``M·(n-1)/n · h · e``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dtlab.cost.hardware import link
+
+
+def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Assignments one expert accepts: ``ceil(capacity_factor · tokens · top_k / n_experts)``."""
+    if tokens < 0 or top_k < 1 or n_experts < 1:
+        raise ValueError(
+            f"tokens={tokens}, top_k={top_k}, n_experts={n_experts}: need tokens ≥ 0, k ≥ 1, E ≥ 1"
+        )
+    if capacity_factor <= 0:
+        raise ValueError(
+            f"capacity_factor={capacity_factor} must be > 0 (1.0: exactly the balanced share)"
+        )
+    return math.ceil(capacity_factor * tokens * top_k / n_experts - 1e-9)
+
+
+def experts_of_rank(n_experts: int, ep: int, rank: int) -> range:
+    """The experts EP rank ``rank`` holds: a contiguous block of ``n_experts / ep``."""
+    if n_experts % ep:
+        raise ValueError(
+            f"ep={ep} does not divide n_experts={n_experts}; each rank holds whole experts"
+        )
+    per = n_experts // ep
+    return range(rank * per, (rank + 1) * per)
+
+
+@dataclass(frozen=True)
+class DispatchBytes:
+    """Bytes one rank sends in one MoE layer's all-to-alls, from actual token counts."""
+
+    dispatch: int  # forward dispatch (rows to other ranks' experts)
+    combine: int  # forward combine (rows received from other ranks, sent back)
+    counts: int  # the count exchange before the dispatch (int64)
+
+    @property
+    def forward(self) -> int:
+        return self.dispatch + self.combine + self.counts
+
+    @property
+    def forward_and_backward(self) -> int:
+        """Forward, plus backward's two all-to-alls: combine's gradient out, dispatch's back."""
+        return self.forward + self.dispatch + self.combine
+
+
+def dispatch_bytes_from_counts(
+    kept_per_expert_by_rank: Sequence[Sequence[int]],
+    rank: int,
+    hidden: int,
+    bytes_per_elem: int = 4,
+    count_bytes: int = 8,
+) -> DispatchBytes:
+    """Bytes ``rank`` sends when source rank ``s`` routes ``kept_per_expert_by_rank[s][e]`` rows to
+    expert ``e`` (experts in contiguous blocks of ``E/ep``, one block per rank)."""
+    ep = len(kept_per_expert_by_rank)
+    n_experts = len(kept_per_expert_by_rank[0])
+    mine = experts_of_rank(n_experts, ep, rank)
+    row = hidden * bytes_per_elem
+    own = kept_per_expert_by_rank[rank]
+    dispatch = sum(n for e, n in enumerate(own) if e not in mine) * row
+    combine = sum(kept_per_expert_by_rank[s][e] for s in range(ep) if s != rank for e in mine) * row
+    counts = (ep - 1) * (n_experts // ep) * count_bytes
+    return DispatchBytes(int(dispatch), int(combine), int(counts))
+
+
+@dataclass(frozen=True)
+class InterNodeTraffic:
+    """Inter-node bytes one rank's dispatch sends, uniform routing, with and without a node limit."""
+
+    remote_copies_per_token: float  # token vectors crossing the inter-node network per token
+    bytes_per_rank: float  # dispatch, forward only
+
+
+def inter_node_dispatch_bytes(
+    tokens_per_rank: int,
+    hidden: int,
+    top_k: int,
+    n_experts: int,
+    n_nodes: int,
+    node_limit: int | None = None,
+    dedup_per_node: bool = True,
+    bytes_per_elem: float = 2,
+) -> InterNodeTraffic:
+    """Expected inter-node dispatch bytes per rank for uniform routing over ``n_nodes`` nodes.
+
+    Without deduplication every (token, remote expert) pair is a copy: ``k·(n-1)/n`` per token.
+    With it (one copy per remote node, forwarded inside the node over NVLink) the copies are the
+    expected number of distinct remote nodes among ``k`` experts drawn without replacement; a node
+    limit ``M`` caps the nodes at ``M`` (assumed filled: ``M·(n-1)/n`` remote).
+    """
+    if n_experts % n_nodes:
+        raise ValueError(f"n_nodes={n_nodes} must divide n_experts={n_experts}")
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k={top_k} must be in 1..n_experts={n_experts}")
+    if node_limit is not None and not 1 <= node_limit <= n_nodes:
+        raise ValueError(f"node_limit={node_limit} must be in 1..n_nodes={n_nodes}")
+    remote_share = (n_nodes - 1) / n_nodes
+    if not dedup_per_node:
+        copies = top_k * remote_share
+    elif node_limit is not None and node_limit < n_nodes:
+        copies = node_limit * remote_share
+    else:
+        per_node = n_experts // n_nodes
+        none_on_node = math.comb(n_experts - per_node, top_k) / math.comb(n_experts, top_k)
+        copies = (n_nodes - 1) * (1 - none_on_node)
+    return InterNodeTraffic(copies, copies * tokens_per_rank * hidden * bytes_per_elem)
+
+
+def all_to_all_seconds(bytes_per_rank: float, peers: int, link_name: str) -> float:
+    """α-β time of one rank's all-to-all: ``peers`` messages, ``bytes_per_rank`` in all."""
+    return link(link_name).time(bytes_per_rank, max(peers, 1))

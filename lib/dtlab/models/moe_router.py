@@ -1,0 +1,167 @@
+"""The router of a mixture-of-experts layer: scores, top-k choice, capacity, balancing losses.
+
+Per token ``t`` (rows of ``x``, width ``d``) and expert ``i`` of ``E``:
+
+* logits ``z = x · W_rᵀ`` (in fp32 at least; ``W_r`` is ``(E, d)``);
+* scores ``s = softmax(z)`` (Shazeer et al. 2017; Switch, Fedus et al. 2021) or
+  ``s = sigmoid(z)`` (DeepSeek-V3, 2024), whose chosen weights are renormalised to sum to 1;
+* the ``k`` experts with the highest ``s + b`` are chosen (``b`` is the auxiliary-loss-free
+  balancing bias of DeepSeek-V3, zero unless enabled; it steers the *choice* only, never the
+  weight); with node-limited routing the choice is restricted to the best ``M`` nodes first;
+* capacity ``C = ceil(c·T·k/E)`` (:func:`dtlab.cost.moe.expert_capacity`): an expert keeps its
+  first ``C`` assignments — all tokens' first choices before any second choice, tokens in order
+  within a choice (GShard, Lepikhin et al. 2020) — and drops the rest.
+
+Losses (added to the model's loss through the block's ``aux_loss``):
+
+* Switch load-balancing loss ``E · Σ_i f_i · P_i`` with ``f_i`` the fraction of the ``T·k``
+  assignments that chose expert ``i`` (before dropping) and ``P_i`` the mean score of expert ``i``
+  (scores normalised to sum to 1 per token). Uniform routing gives 1; it is minimised by
+  balance, and only ``P`` carries a gradient (``f`` counts a discrete choice).
+* Router z-loss (ST-MoE, Zoph et al. 2022): ``mean_t (log Σ_i exp z_ti)²`` keeps logits small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dtlab.cost.moe import expert_capacity
+
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+
+
+@dataclass
+class Routing:
+    """One forward's routing of ``T`` tokens to ``k`` of ``E`` experts."""
+
+    expert_index: torch.Tensor  # (T, k) int64: chosen experts, best first
+    weight: torch.Tensor  # (T, k): combine weights (differentiable)
+    keep: torch.Tensor  # (T, k) bool: False where capacity dropped the assignment
+    probs: torch.Tensor  # (T, E): scores normalised per token (the aux loss's P)
+    logits: torch.Tensor  # (T, E)
+    capacity: int | None  # None: dropless
+    n_experts: int
+
+    @property
+    def tokens_per_expert(self) -> torch.Tensor:
+        """Assignments each expert was chosen for, before dropping (E,)."""
+        return torch.bincount(self.expert_index.reshape(-1), minlength=self.n_experts)
+
+    @property
+    def kept_per_expert(self) -> torch.Tensor:
+        """Assignments each expert computes after capacity (E,)."""
+        return torch.bincount(self.expert_index[self.keep], minlength=self.n_experts)
+
+    @property
+    def dropped(self) -> int:
+        """Assignments capacity dropped."""
+        return int((~self.keep).sum())
+
+
+def scores_of(logits: torch.Tensor, score: str) -> torch.Tensor:
+    """``softmax`` or ``sigmoid`` of the router logits (T, E)."""
+    if score == "softmax":
+        return logits.softmax(dim=-1)
+    if score == "sigmoid":
+        return logits.sigmoid()
+    raise ValueError(f"score={score!r} is not a router score; choose one of {SCORE_FUNCTIONS}")
+
+
+def node_limited_mask(
+    selection: torch.Tensor, top_k: int, n_nodes: int, node_limit: int
+) -> torch.Tensor:
+    """Bool mask (T, E) of the experts on each token's best ``node_limit`` nodes.
+
+    Experts sit in ``n_nodes`` contiguous blocks (expert-parallel ranks fill nodes in order). A
+    node's score is the sum of its best ``max(1, k // M)`` expert scores (DeepSeek-V3 §2.1.2).
+    """
+    tokens, n_experts = selection.shape
+    if n_experts % n_nodes:
+        raise ValueError(f"n_nodes={n_nodes} must divide n_experts={n_experts}")
+    per_node = n_experts // n_nodes
+    if not 1 <= node_limit <= n_nodes or node_limit * per_node < top_k:
+        raise ValueError(
+            f"node_limit={node_limit} with {per_node} experts per node cannot give top_k={top_k} "
+            f"experts; choose node_limit in {-(-top_k // per_node)}..{n_nodes}"
+        )
+    best = min(max(1, top_k // node_limit), per_node)
+    by_node = selection.view(tokens, n_nodes, per_node)
+    node_score = by_node.topk(best, dim=-1).values.sum(-1)
+    nodes = node_score.topk(node_limit, dim=-1).indices
+    allowed = torch.zeros(tokens, n_nodes, dtype=torch.bool, device=selection.device)
+    allowed.scatter_(1, nodes, True)
+    return allowed.repeat_interleave(per_node, dim=1)
+
+
+def capacity_keep(expert_index: torch.Tensor, n_experts: int, capacity: int | None) -> torch.Tensor:
+    """Which assignments (T, k) fit: each expert keeps its first ``capacity``, counted over all
+    tokens' first choices, then all second choices, … (tokens in order within a choice)."""
+    if capacity is None:
+        return torch.ones_like(expert_index, dtype=torch.bool)
+    slot_major = expert_index.t().reshape(-1)
+    one_hot = F.one_hot(slot_major, n_experts)
+    position = (one_hot.cumsum(0) - 1).gather(1, slot_major[:, None]).squeeze(1)
+    return (position < capacity).view(expert_index.shape[1], -1).t()
+
+
+def route_top_k(
+    scores: torch.Tensor, top_k: int, capacity: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing with capacity on scores (T, E): ``(expert_index, weight, keep)``, each (T, k).
+
+    The reference for the lab's routing exercise: the ``k`` highest scores' experts (best
+    first), their scores as weights, and :func:`capacity_keep`'s mask.
+    """
+    weight, expert_index = scores.topk(top_k, dim=-1)
+    return expert_index, weight, capacity_keep(expert_index, scores.shape[-1], capacity)
+
+
+def switch_aux_loss(
+    probs: torch.Tensor, expert_index: torch.Tensor, n_experts: int
+) -> torch.Tensor:
+    """Switch Transformer's balance loss ``E · Σ_i f_i · P_i`` (see module docstring)."""
+    counts = torch.bincount(expert_index.reshape(-1), minlength=n_experts)
+    f = counts.to(probs.dtype) / expert_index.numel()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's z-loss: ``mean_t (logsumexp_i z_ti)²``."""
+    return logits.logsumexp(-1).pow(2).mean()
+
+
+def route(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    top_k: int,
+    *,
+    score: str = "softmax",
+    capacity_factor: float | None = None,
+    bias: torch.Tensor | None = None,
+    n_nodes: int = 1,
+    node_limit: int | None = None,
+) -> Routing:
+    """Route the rows of ``x`` (T, d) with ``router_weight`` (E, d); see the module docstring."""
+    n_experts = router_weight.shape[0]
+    dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 at least: bf16 logits tie
+    logits = x.to(dtype) @ router_weight.to(dtype).t()
+    scores = scores_of(logits, score)
+    selection = scores.detach() if bias is None else scores.detach() + bias
+    if node_limit is not None:
+        mask = node_limited_mask(selection, top_k, n_nodes, node_limit)
+        selection = selection.masked_fill(~mask, float("-inf"))
+    expert_index = selection.topk(top_k, dim=-1).indices
+    weight = scores.gather(1, expert_index)
+    if score == "sigmoid":
+        weight = weight / weight.sum(-1, keepdim=True)
+    probs = scores if score == "softmax" else scores / scores.sum(-1, keepdim=True)
+    capacity = (
+        None
+        if capacity_factor is None
+        else expert_capacity(x.shape[0], top_k, n_experts, capacity_factor)
+    )
+    keep = capacity_keep(expert_index, n_experts, capacity)
+    return Routing(expert_index, weight.to(x.dtype), keep, probs, logits, capacity, n_experts)

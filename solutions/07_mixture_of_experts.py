@@ -1,0 +1,520 @@
+# %% [markdown]
+# # Lab 07 — Mixture of experts and expert parallelism
+#
+# A dense MLP runs every parameter on every token. A **mixture of experts** (MoE) holds `E`
+# MLPs, the *experts*, and a small **router** sends each token to `k` of them. Parameters grow
+# with `E`; the compute per token grows only with `k`. The price is paid elsewhere: tokens must
+# travel to their experts, some experts get too many, and a popular expert sets everyone's pace.
+#
+# One idea at a time:
+#
+# 1. dense MLP → top-k MoE on one rank: parameters vs *active* parameters;
+# 2. routing histograms, and the tokens dropped as the capacity factor varies; then you write
+#    top-k routing with capacity;
+# 3. the load-balancing loss at work on a planted hot expert;
+# 4. expert parallelism on the cluster: the all-to-alls on the timeline, their bytes counted;
+#    then you write the dispatch all-to-all's splits;
+# 5. which parameters synchronise over which group;
+# 6. what the all-to-all costs at scale, inside a node and across nodes.
+
+# %%
+import math
+import time
+
+import plotly.graph_objects as go
+import torch
+
+import dtlab
+import dtlab.viz
+from dtlab.config import fast_mode, lab_world_size
+from dtlab.cost.moe import (
+    all_to_all_seconds,
+    dispatch_bytes_from_counts,
+    inter_node_dispatch_bytes,
+)
+from dtlab.cost.volumes import moe_all_to_all_bytes_per_layer
+from dtlab.mesh import Layout
+from dtlab.models import GPT, MLP, GPTConfig, SyntheticTokens, loss_fn
+from dtlab.models.moe import MoE, MoEConfig, moe_layers, moe_mlp_factory
+from dtlab.models.moe_experts import grouped_mm_available
+from dtlab.quiz import ask, check_exercise
+
+dtlab.viz.setup_notebook()
+FAST = fast_mode()
+
+# %% [markdown]
+# ## 1. The cluster and the model <a id="setup"></a>
+#
+# `N` ranks (2 in fast mode, one per GPU otherwise). Every MoE layer below has `E = 2·N`
+# experts, so expert parallelism over the `N` ranks puts two experts on each rank. Look for the
+# sizes used throughout.
+
+# %%
+cluster = dtlab.Cluster(lab_world_size(2))
+N = cluster.world_size
+E, K = 2 * N, 2
+CONFIG = GPTConfig.tiny(d_model=32, n_heads=2) if FAST else GPTConfig.small()
+TOKENS = 256 if FAST else 4096
+print(f"N = {N} ranks on {cluster.device_type}; E = {E} experts, top-{K}; d = {CONFIG.d_model}")
+
+# %% [markdown]
+# ## 2. Dense MLP → top-k MoE <a id="params-vs-active"></a>
+#
+# The dense MLP is `fc_out(GELU(fc_in(x)))`, `d → 4d → d`. The MoE keeps `E` of them as two
+# batched tensors, `(E, d, 4d)` and `(E, 4d, d)`, plus a router `(E, d)`. A token computes with
+# the router and its `k` experts only. Look for: the MoE holding about `E` times the dense
+# parameters, but each token computing with about `k` times them.
+
+# %%
+torch.manual_seed(0)
+dense = MLP(CONFIG)
+moe = MoE(CONFIG, MoEConfig(n_experts=E, top_k=K))
+dense_params = sum(p.numel() for p in dense.parameters())
+moe_params = sum(p.numel() for p in moe.parameters())
+print(f"dense MLP: {dense_params:,} parameters, all active")
+print(
+    f"MoE, E={E}, k={K}: {moe_params:,} parameters ({moe_params / dense_params:.1f}× dense), "
+    f"{moe.active_params():,} active per token ({moe.active_params() / dense_params:.1f}× dense)"
+)
+
+# %% [markdown]
+# The experts' compute, two ways. After routing, the token rows are sorted by expert. The
+# textbook way loops over experts, one matmul each. A **grouped GEMM** (`torch._grouped_mm`, where
+# this torch has it) runs all groups in one call from their offsets. Look for: the same values,
+# and the best of several timings of each, taken here and interleaved (so they vary from run to
+# run on a shared machine). The gap matters with many small experts, where the loop pays one
+# kernel launch per expert on a GPU.
+
+# %%
+x_rows = torch.randn(TOKENS * K, CONFIG.d_model)
+counts = torch.bincount(torch.randint(0, E, (TOKENS * K,)), minlength=E).tolist()
+backends = ("grouped", "loop") if grouped_mm_available(torch.float32) else ("loop",)
+timings = {b: [] for b in backends}
+outputs = {}
+with torch.no_grad():
+    for _ in range(7):
+        for backend in backends:
+            moe.experts.backend = backend
+            start = time.perf_counter()
+            outputs[backend] = moe.experts(x_rows, counts)
+            timings[backend].append(time.perf_counter() - start)
+moe.experts.backend = "auto"
+for backend, seconds in timings.items():
+    print(
+        f"{backend:>8}: best {min(seconds) * 1e3:.3f} ms for {len(x_rows):,} rows over {E} experts"
+    )
+if len(outputs) == 2:
+    print(f"largest gap grouped vs loop: {(outputs['grouped'] - outputs['loop']).abs().max():.1e}")
+
+# %% [markdown]
+# ## 3. Routing, and the capacity factor <a id="capacity"></a>
+#
+# The router scores every expert for every token (softmax of `x · W_rᵀ`) and picks the top `k`.
+# A freshly initialised router is nearly random, so the load is uneven by chance alone. To fix
+# buffer sizes, each expert accepts at most `C = ⌈c·T·k/E⌉` assignments (`c` the **capacity
+# factor**). The rest are **dropped**: that token gets nothing from that expert, only its
+# residual. Look for: the tokens each expert was chosen for against the capacity line, on
+# `T` tokens of one batch.
+
+# %%
+torch.manual_seed(1)
+router_layer = MoE(CONFIG, MoEConfig(n_experts=E, top_k=K, capacity_factor=1.0))
+x = torch.randn(TOKENS, CONFIG.d_model)
+with torch.no_grad():
+    router_layer(x)
+stats = router_layer.stats
+fig = go.Figure(go.Bar(x=list(range(E)), y=stats.tokens_per_expert, name="chosen"))
+fig.add_bar(x=list(range(E)), y=stats.kept_per_expert, name="kept")
+fig.add_hline(y=stats.capacity, line_dash="dash", annotation_text=f"capacity C = {stats.capacity}")
+fig.update_layout(
+    title=f"Tokens per expert, T = {TOKENS}, k = {K}, c = 1.0",
+    xaxis_title="expert",
+    yaxis_title="assignments",
+    barmode="group",
+)
+fig
+
+# %% [markdown]
+# Now the capacity factor from tight to generous. The drops are counted from the routing; the
+# capacity column is `⌈c·T·k/E⌉`. Look for: drops falling to zero as `c` grows past the most
+# loaded expert's share (`c ≥ imbalance`). But every slot of capacity is also buffer space that
+# travels and computes padded in a fixed-shape implementation.
+
+# %%
+print(f"imbalance (max/mean tokens per expert): {stats.imbalance:.2f}")
+print(f"{'c':>5} {'capacity':>9} {'dropped':>8} {'dropped %':>10}")
+for c in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0):
+    router_layer.moe = MoEConfig(n_experts=E, top_k=K, capacity_factor=c)
+    with torch.no_grad():
+        router_layer(x)
+    s = router_layer.stats
+    print(f"{c:>5} {s.capacity:>9} {s.dropped:>8} {s.dropped / (TOKENS * K):>10.1%}")
+
+# %% [markdown]
+# ### Exercise: top-k routing with capacity <a id="exercise-routing"></a>
+#
+# Write `top_k_routing(scores, top_k, capacity) -> (expert_index, weight, keep)`. `scores` has
+# shape (T, E). Return, each of shape (T, k): the `k` best experts per token, **best first**
+# (int64); their scores as weights; and `keep` (bool), False where the expert was already full.
+# The order of filling matters (GShard): every token's **first** choice is served before any
+# token's second choice, and tokens in order within a choice. `capacity=None` keeps everything.
+#
+# The grader runs your function on every rank with its own scores, including a hot expert that
+# overflows, and compares with the library's routing. Calling the library's routing is refused.
+
+
+# %%
+def top_k_routing(
+    scores: torch.Tensor, top_k: int, capacity: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # BEGIN SOLUTION
+    weight, expert_index = scores.topk(top_k, dim=-1)
+    if capacity is None:
+        return expert_index, weight, torch.ones_like(expert_index, dtype=torch.bool)
+    slot_major = expert_index.t().reshape(-1)  # all first choices, then all second choices
+    one_hot = torch.nn.functional.one_hot(slot_major, scores.shape[-1])
+    position = (one_hot.cumsum(0) - 1).gather(1, slot_major[:, None]).squeeze(1)
+    keep = (position < capacity).view(top_k, -1).t()
+    return expert_index, weight, keep
+    # END SOLUTION
+
+
+# %%
+check_exercise("moe.top_k_routing", top_k_routing, cluster)
+
+# %% [markdown]
+# ## 4. The load-balancing loss at work <a id="aux-loss"></a>
+#
+# Left alone, routing collapses: an expert that wins a little gets trained more and wins more.
+# The Switch Transformer's auxiliary loss (Fedus et al. 2021) is `E · Σ_i f_i · P_i`: `f_i` the
+# fraction of assignments that went to expert `i`, `P_i` its mean router probability. It is 1
+# when the load is uniform and grows as the load concentrates. Only `P` has a gradient, so the
+# loss lowers the probability of overloaded experts. Here one expert is planted hot (its router
+# row points along every token's shared direction), and a small MoE is trained for a few steps
+# with and without the loss, on the same data. DeepSeek-V3's loss-free alternative, a per-expert
+# bias on the choice nudged after each step, runs alongside. Look for: the imbalance (max/mean)
+# staying high without the loss and falling towards 1 with it.
+
+
+# %%
+def imbalance_curve(
+    aux_weight: float, bias: bool = False, steps: int = 30 if FAST else 100
+) -> list[float]:
+    torch.manual_seed(0)
+    cfg = MoEConfig(
+        n_experts=4, top_k=1, aux_loss_weight=aux_weight, bias_balancing=bias, bias_update_rate=0.05
+    )
+    layer = MoE(CONFIG, cfg)
+    shift = torch.ones(CONFIG.d_model) / math.sqrt(CONFIG.d_model)
+    with torch.no_grad():
+        layer.router.weight[0] += 2 * shift  # the planted hot expert
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(128, CONFIG.d_model, generator=g) + 2 * shift
+    target = torch.randn(128, CONFIG.d_model, generator=g)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-2)
+    curve = []
+    for _ in range(steps):
+        out, aux = layer(data)
+        loss = (out - target).pow(2).mean() + aux
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if bias:
+            layer.update_balancing_bias()
+        curve.append(layer.stats.imbalance)
+    return curve
+
+
+curves = {
+    "no balancing": imbalance_curve(0.0),
+    "aux loss 0.1": imbalance_curve(0.1),
+    "bias (loss-free)": imbalance_curve(0.0, bias=True),
+}
+fig = go.Figure()
+for name, curve in curves.items():
+    fig.add_scatter(y=curve, name=name, mode="lines")
+fig.update_layout(title="Imbalance (max/mean tokens per expert), E = 4", xaxis_title="step")
+for name, curve in curves.items():
+    print(f"{name:>17}: imbalance {curve[0]:.2f} → {curve[-1]:.2f}")
+fig
+
+# %% [markdown]
+# ## 5. Expert parallelism on the cluster <a id="expert-parallel"></a>
+#
+# With expert parallelism (EP) each of the `N` ranks keeps `E/N` experts and its own tokens.
+# Every MoE layer then moves tokens, not weights:
+#
+# 1. each rank counts its rows per expert and **exchanges the counts** (a small all-to-all), so
+#    every rank knows how many rows will arrive from whom;
+# 2. **dispatch**: an all-to-all with uneven splits sends each row to the rank of its expert;
+# 3. the rank runs its experts on what arrived;
+# 4. **combine**: the inverse all-to-all brings every row home, where it is weighted and summed.
+#
+# Backward runs both all-to-alls again, the other way. Below, each rank builds the same MoE GPT,
+# keeps its experts (`parallelize_experts`) and trains one step on its own batch. The reference
+# is one process running the full model on every rank's batch. Look for: the loss and every
+# gradient equal to one process (float64), and per rank the bytes of each exchange, counted
+# from the messages.
+
+
+# %%
+def ep_step(capacity_factor: float | None, hot: float = 0.0) -> dict:
+    import torch.distributed as dist
+
+    from dtlab import trace
+    from dtlab.mesh import Mesh
+    from dtlab.parallel.expert import ExpertParallel
+
+    device = dtlab.device()
+    world = dist.get_world_size()
+    cfg = MoEConfig(
+        n_experts=E, top_k=K, capacity_factor=capacity_factor, backend="loop", bias_balancing=True
+    )
+    factory = moe_mlp_factory(cfg)
+    tokens, targets = SyntheticTokens(CONFIG, n_batches=1, batch_size=2 * world, seed=7)[0]
+    shards = list(zip(tokens.to(device).chunk(world), targets.to(device).chunk(world), strict=True))
+
+    def build() -> GPT:
+        model = GPT(CONFIG, seed=0, dtype=torch.float64, device=device, mlp_factory=factory)
+        for layer in moe_layers(model):
+            layer.balancing_bias[0] = hot  # hot ≥ 1: every token's choice includes expert 0
+        return model
+
+    reference, total = build(), 0.0
+    for x, y in shards:
+        total = total + (loss_fn(reference(x), y) + reference.aux_loss) / world
+    total.backward()
+
+    parallel = ExpertParallel(Mesh(dp=world, ep=world), "dtlab")
+    model = build()
+    parallel.parallelize(model)
+    x, y = shards[dist.get_rank()]
+    with trace.labels(step=0):
+        loss = loss_fn(model(x), y) + model.aux_loss
+        loss.backward()
+    sent = parallel.ep.stats.bytes_sent
+    parallel.average_gradients(model)
+    synced = {"dp": parallel.dp.stats.bytes_sent, "edp": parallel.edp.stats.bytes_sent}
+    expert_params = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    dense_params = sum(p.numel() for p in model.parameters()) - expert_params
+    mean = loss.detach().clone()
+    parallel.dp.all_reduce(mean)
+    ref = dict(reference.named_parameters())
+    per, rank = E // world, dist.get_rank()
+    gap = 0.0
+    for name, p in model.named_parameters():
+        want = (
+            ref[name].grad[rank * per : (rank + 1) * per] if ".experts." in name else ref[name].grad
+        )
+        gap = max(gap, (p.grad - want).abs().max().item())
+    layers = moe_layers(model)
+    return {
+        "loss_gap": abs(mean.item() / world - total.item()),
+        "grad_gap": gap,
+        "kept": [m.stats.kept_per_expert for m in layers],
+        "bytes": [m.stats.all_to_all_bytes for m in layers],
+        "dropped": sum(m.stats.dropped for m in layers),
+        "imbalance": max(m.stats.imbalance for m in layers),
+        "sent": sent,
+        "synced": synced,
+        "params": {"dp": dense_params, "edp": expert_params},
+        "group_sizes": {"dp": parallel.dp.world_size, "edp": parallel.edp.world_size},
+    }
+
+
+ep = cluster.run(ep_step, None)
+for rank, r in enumerate(ep):
+    print(
+        f"rank {rank}: loss gap {r['loss_gap']:.1e}, largest gradient gap {r['grad_gap']:.1e}; "
+        f"layer 0 sent {r['bytes'][0]}"
+    )
+
+# %% [markdown]
+# Where those bytes come from: the formula reads the **actual** kept counts of every rank (they
+# differ, so the ranks' bytes differ too). Rank `r` dispatches the rows it routed to other ranks'
+# experts and combines back the rows other ranks sent it, `d` float64 values each; the count
+# exchange is `(N−1)·E/N` int64s. Backward repeats dispatch and combine. Look for: formula equal
+# to the counted total, per rank.
+
+# %%
+layers_n = len(ep[0]["kept"])
+for rank, r in enumerate(ep):
+    want = sum(
+        dispatch_bytes_from_counts(
+            [ep[s]["kept"][i] for s in range(N)], rank, CONFIG.d_model, 8
+        ).forward_and_backward
+        for i in range(layers_n)
+    )
+    print(f"rank {rank}: formula from the counts {want:,} B; counted {r['sent']:,} B")
+
+# %% [markdown]
+# The same step with a hot expert and a capacity factor of 1. The expert is planted through the
+# router's choice bias (section 4's loss-free balancing knob, turned the wrong way): expert 0, on
+# rank 0, is in every token's top-k. Drops appear, and rank 0 computes more rows than the others. On the timeline, look for
+# the `moe_experts` compute spans (their `tokens` label says how many rows each rank computed),
+# and the `moe_dispatch` / `moe_combine` exchanges, where the other ranks wait for the busiest.
+
+# %%
+hot = cluster.run(ep_step, 1.0, 1.0)
+for rank, r in enumerate(hot):
+    print(f"rank {rank}: imbalance {r['imbalance']:.2f}, dropped {r['dropped']} assignments")
+moe_spans = [s for s in hot.trace.filter(step=0).spans if s.name == "moe_experts"]
+for span in sorted(moe_spans, key=lambda s: (s.rank, s.start_ns)):
+    print(f"rank {span.rank}: moe_experts computed {span.labels['tokens']} rows")
+dtlab.viz.timeline(hot.trace.filter(step=0), title="EP step with a hot expert")
+
+# %% [markdown]
+# ### Exercise: the dispatch all-to-all's splits <a id="exercise-splits"></a>
+#
+# Before any row moves, every rank must know how many rows it sends to each rank and how many it
+# receives from each. Write `dispatch_splits(tokens_per_expert) -> (send_splits, recv_splits)`.
+# It runs on every rank of the EP group (here the whole cluster, `torch.distributed`'s default
+# group). `tokens_per_expert` (E,) counts this rank's rows per expert, and rank `j` holds
+# experts `j·E/N … (j+1)·E/N − 1`. `send_splits[j]` is the number of rows for rank `j`'s experts;
+# `recv_splits[s]` the number rank `s` sends you. Only the other ranks know the second, so
+# exchange the counts first (`dist.all_to_all_single` moves tensor rows the same way).
+#
+# The grader checks your splits against every rank's counts, then drives a real all-to-all of
+# labelled rows with them: every row must land on the rank of its expert.
+
+
+# %%
+def dispatch_splits(tokens_per_expert: torch.Tensor) -> tuple[list[int], list[int]]:
+    import torch.distributed as dist
+
+    # BEGIN SOLUTION
+    ep = dist.get_world_size()
+    received = torch.empty_like(tokens_per_expert)
+    dist.all_to_all_single(received, tokens_per_expert)  # block j of my counts goes to rank j
+    send = tokens_per_expert.view(ep, -1).sum(1).tolist()
+    recv = received.view(ep, -1).sum(1).tolist()
+    return send, recv
+    # END SOLUTION
+
+
+# %%
+check_exercise("moe.dispatch_splits", dispatch_splits, cluster)
+
+# %% [markdown]
+# ## 6. Which parameters synchronise over which group <a id="sync-groups"></a>
+#
+# EP is carved out of data parallelism: the `dp` ranks are cut into blocks of `ep` consecutive
+# ranks. Inside a block, ranks hold **different** experts (the `ep` group, for the all-to-alls).
+# Ranks at the same place in different blocks hold the **same** experts: that is the
+# expert-data-parallel group `edp`, `dp/ep` ranks. So:
+#
+# - dense parameters (attention, embeddings, router, shared expert): all-reduce over `dp`;
+# - expert parameters: all-reduce over `edp`.
+#
+# Both are then divided by `dp`, not `dp/ep`: an expert's gradient already sums the tokens of
+# every rank of its EP block. Look for the groups of a 16-rank layout, `dp = 8`, `ep = 4`, `tp = 2`.
+
+# %%
+layout = Layout(dp=8, ep=4, tp=2)
+for dim in ("dp", "ep", "edp"):
+    print(f"first two {dim:>3} groups: {layout.groups(dim)[:2]} …")
+print(
+    f"rank 0 all-to-alls with {layout.group_of('ep', 0)}; its experts' gradients meet "
+    f"{layout.group_of('edp', 0)}; its dense gradients meet {layout.group_of('dp', 0)}"
+)
+
+# %% [markdown]
+# On this cluster, `ep = dp = N`: every rank holds different experts, so the `edp` group has one
+# rank and expert gradients do not move at all. The step of section 5 counted what each group's
+# gradient all-reduce sent. Look for: the dense gradients' bytes close to the ring all-reduce's
+# `2(N−1)/N · M` (float64, `M` = 8 bytes per dense parameter; uneven ring chunks add a little),
+# and zero bytes for the experts' gradients.
+
+# %%
+r = ep[0]
+for group in ("dp", "edp"):
+    size, params = r["group_sizes"][group], r["params"][group]
+    ring = 2 * (size - 1) / size * params * 8
+    print(
+        f"{group:>4} ({size} rank{'s' if size > 1 else ''}): {params:,} parameters; "
+        f"counted {r['synced'][group]:,} B, ring formula {ring:,.0f} B"
+    )
+
+# %% [markdown]
+# ## 7. The all-to-all at scale <a id="all-to-all-cost"></a>
+#
+# Uniform routing, DeepSeek-V3-like sizes: hidden 7168, top-8 of 256 experts, 4096 tokens per
+# rank, bf16, EP = 64 over 8 nodes of 8 GPUs. Each token's vector travels `k` times in dispatch
+# and comes back in combine, and backward does both again: the per-layer bytes per rank from the
+# cost model. Inside a node they move over NVLink; across nodes over InfiniBand, about 10 times
+# slower. Look for: the same bytes costing milliseconds more across nodes.
+
+# %%
+vol = moe_all_to_all_bytes_per_layer(4096, 7168, 8, 64, capacity_factor=1.0, bytes_per_elem=2)
+print(f"{vol.all_to_alls} all-to-alls × {vol.bytes_per_all_to_all / 1e6:.0f} MB per rank")
+for name in ("nvlink4", "ib_ndr_400"):
+    seconds = vol.all_to_alls * all_to_all_seconds(vol.bytes_per_all_to_all, 63, name)
+    print(f"  all over {name}: {seconds * 1e3:.1f} ms per layer")
+
+# %% [markdown]
+# **Node-limited routing** (DeepSeek-V3): each token's experts must sit on at most `M` nodes.
+# Sending a token once per remote node, then forwarding over NVLink inside it, the inter-node
+# copies per token fall from `k·(n−1)/n` (one per expert) to the distinct remote nodes, at most
+# `M·(n−1)/n`. Look for: the inter-node dispatch bytes per rank falling with `M`.
+
+# %%
+print(f"{'routing':>28} {'copies/token':>13} {'inter-node MB':>14} {'IB ms':>7}")
+cases = [("every expert, one copy each", None, False), ("dedup per node, no limit", None, True)]
+cases += [(f"dedup, node limit M = {m}", m, True) for m in (4, 2)]
+for name, limit, dedup in cases:
+    t = inter_node_dispatch_bytes(4096, 7168, 8, 256, 8, limit, dedup)
+    ms = all_to_all_seconds(t.bytes_per_rank, 7, "ib_ndr_400") * 1e3
+    print(
+        f"{name:>28} {t.remote_copies_per_token:>13.2f} {t.bytes_per_rank / 1e6:>14.0f} {ms:>7.2f}"
+    )
+
+# %% [markdown]
+# The router option behind it, on one rank: with `node_limit=M` the experts a token chooses lie
+# on at most `M` nodes. Look for the most nodes any token touches, with and without the limit.
+
+# %%
+torch.manual_seed(0)
+for limit in (None, 2):
+    cfg = MoEConfig(n_experts=16, top_k=4, n_nodes=4, node_limit=limit)
+    layer = MoE(CONFIG, cfg)
+    with torch.no_grad():
+        layer(torch.randn(TOKENS, CONFIG.d_model))
+    nodes = torch.stack([(layer.routing.expert_index // 4 == n).any(1) for n in range(4)], 1)
+    print(
+        f"node_limit={limit}: a token's experts span at most {int(nodes.sum(1).max())} of 4 nodes"
+    )
+
+# %% [markdown]
+# ## 8. Quiz <a id="quiz"></a>
+#
+# Graded questions from the bank on what this lab showed.
+
+# %%
+ask("moe.what_is_ep")
+
+# %%
+ask("moe.active_params")
+
+# %%
+ask("moe.capacity_formula")
+
+# %%
+ask("moe.capacity_factor")
+
+# %%
+ask("moe.switch_loss_value")
+
+# %%
+ask("moe.count_exchange")
+
+# %%
+ask("moe.expert_grad_group")
+
+# %%
+ask("moe.node_limited")
+
+# %%
+ask("moe.all_to_all_bytes")
+
+# %%
+cluster.close()

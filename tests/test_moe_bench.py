@@ -1,0 +1,26 @@
+"""The MoE benchmark runs at tiny sizes and reports both ratios and counted bytes (no timings
+asserted: the lead runs the real figures on a quiet machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtlab.bench import moe
+from dtlab.models.moe_experts import grouped_mm_available
+
+
+def test_moe_bench_reports_both_ratios_and_the_counted_exchange_bytes(cluster2):
+    result = moe.run(cluster2, tokens=64, dim=16, experts=4, steps=1, repeats=1)
+    assert result.world_size == 2
+    assert result.a2a_dtlab_vs_torch.median > 0
+    assert set(result.step_s) >= {"a2a_dtlab", "a2a_torch", "experts_loop"}
+    if grouped_mm_available(torch.float32):
+        assert result.grouped_vs_loop is not None and result.grouped_best_ratio > 0
+    # counts + dispatch + combine: at least the count exchange, (ep-1) · E/ep int64 values
+    assert all(b >= 2 * 8 for b in result.dtlab_bytes_per_exchange)
+
+
+def test_moe_bench_refuses_experts_that_do_not_split_over_the_ranks():
+    with pytest.raises(ValueError, match="multiple of --world-size"):
+        moe.run(None, world_size=2, experts=3)

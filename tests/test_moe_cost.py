@@ -1,0 +1,61 @@
+"""The MoE cost model agrees with the router it models: expected distinct remote nodes of uniform
+top-k routing, the node limit's cap, and the capacity formula's edge cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtlab.cost.moe import (
+    dispatch_bytes_from_counts,
+    expert_capacity,
+    experts_of_rank,
+    inter_node_dispatch_bytes,
+)
+from dtlab.models.moe_router import route
+
+TOKENS, HIDDEN, E, K, NODES = 4000, 16, 64, 8, 8
+
+
+def _remote_nodes_per_token(node_limit: int | None) -> float:
+    """Average distinct nodes other than the sender's among each token's experts, from real
+    routing of random tokens (the sender's node drawn uniformly per token)."""
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(TOKENS, HIDDEN, generator=g), torch.randn(E, HIDDEN, generator=g)
+    routing = route(x, weight, K, n_nodes=NODES, node_limit=node_limit)
+    node = routing.expert_index // (E // NODES)
+    touched = torch.zeros(TOKENS, NODES, dtype=torch.bool).scatter_(1, node, True)
+    home = torch.randint(0, NODES, (TOKENS,), generator=g)
+    touched[torch.arange(TOKENS), home] = False
+    return touched.sum(1).float().mean().item()
+
+
+def test_inter_node_copies_without_a_limit_match_routing_of_random_tokens():
+    model = inter_node_dispatch_bytes(1, HIDDEN, K, E, NODES).remote_copies_per_token
+    assert _remote_nodes_per_token(None) == pytest.approx(model, rel=0.05)
+    naive = inter_node_dispatch_bytes(1, HIDDEN, K, E, NODES, dedup_per_node=False)
+    assert naive.remote_copies_per_token == K * (NODES - 1) / NODES
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+def test_a_node_limit_caps_the_copies_at_m_times_remote_share(limit):
+    model = inter_node_dispatch_bytes(1, HIDDEN, K, E, NODES, limit).remote_copies_per_token
+    assert model == limit * (NODES - 1) / NODES
+    assert _remote_nodes_per_token(limit) == pytest.approx(model, rel=0.05)
+    assert _remote_nodes_per_token(limit) < _remote_nodes_per_token(None)
+
+
+def test_capacity_rounds_up_and_refuses_a_zero_factor():
+    assert expert_capacity(10, 1, 4, 1.0) == 3  # 2.5 slots round up
+    assert expert_capacity(4096, 2, 64, 1.0) == 128  # exact shares stay exact
+    with pytest.raises(ValueError, match="capacity_factor"):
+        expert_capacity(10, 1, 4, 0.0)
+
+
+def test_dispatch_bytes_count_other_ranks_rows_only():
+    kept = [[3, 1, 0, 2], [0, 5, 4, 1]]  # rank 0 routed 3, 1 to its own experts 0, 1
+    got = dispatch_bytes_from_counts(kept, rank=0, hidden=4, bytes_per_elem=2)
+    assert got.dispatch == (0 + 2) * 8 and got.combine == (0 + 5) * 8 and got.counts == 16
+    assert list(experts_of_rank(4, 2, 1)) == [2, 3]
+    with pytest.raises(ValueError, match="divide"):
+        experts_of_rank(6, 4, 0)
