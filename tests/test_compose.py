@@ -129,3 +129,54 @@ def test_impossible_compositions_are_refused_with_what_to_change(cluster4):
 
     assert "use data_parallel='ddp'" in cluster4.run(build, "fsdp", False)[0]
     assert "sequence_parallel=False" in cluster4.run(build, "ddp", True)[0]
+
+
+def _moe_step_on_rank(degrees: dict) -> dict:
+    from dtlab.mesh import Mesh
+    from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
+    from dtlab.models.moe import MoEConfig, moe_mlp_factory
+    from dtlab.parallel.compose import compose_gpt
+
+    config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=2, vocab_size=64, dropout=0.0)
+    factory = moe_mlp_factory(MoEConfig(n_experts=4, top_k=2, every=2, z_loss_weight=1e-3))
+    tokens, targets = SyntheticTokens(config, n_batches=1, batch_size=4, seed=3)[0]
+    mesh = Mesh(**degrees)
+    # One process, the same definition: each dp shard's mean loss plus its own balancing losses
+    # (GShard's groups), averaged over the shards.
+    reference = GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory)
+    rows = tokens.shape[0] // mesh.dp_size
+    ref_loss = 0.0
+    for shard in range(mesh.dp_size):
+        part = slice(shard * rows, (shard + 1) * rows)
+        loss = loss_fn(reference(tokens[part]), targets[part]) + reference.aux_loss
+        (loss / mesh.dp_size).backward()
+        ref_loss += loss.item() / mesh.dp_size
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+
+    model = GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory)
+    composed = compose_gpt(model, mesh, collectives="dtlab")
+    loss = composed.train_step(tokens, targets)
+    per = 4 // mesh.ep_size  # experts on this rank: a block of the full tensor
+    errors = []
+    for name, p in composed.named_parameters():
+        want = ref_grads[name]
+        if ".experts." in name:
+            want = want[mesh.ep_rank * per : (mesh.ep_rank + 1) * per]
+        errors.append((p.grad - want).abs().max().item())
+    reduced = {n: p.reduced_over for n, p in composed.placements.items()}
+    ref_norm = torch.sqrt(sum(g.pow(2).sum() for g in ref_grads.values())).item()
+    norm = composed.clip_grad_norm_(1e9).item()
+    return {
+        "loss": abs(loss - ref_loss),
+        "grad_error": max(errors),
+        "reduced": reduced,
+        "norm": abs(norm - ref_norm) / ref_norm,
+    }
+
+
+def test_moe_gpt_under_dp_by_ep_trains_like_one_process(cluster4):
+    for result in cluster4.run(_moe_step_on_rank, {"dp": 4, "ep": 2}):
+        assert result["loss"] < TOLERANCE and result["grad_error"] < TOLERANCE, result
+        assert result["norm"] < 1e-12, result["norm"]  # each expert counted once, on its edp rank 0
+        assert result["reduced"]["blocks.1.mlp.experts.fc_in.weight"] == ("edp",)
+        assert result["reduced"]["blocks.1.attn.q_proj.weight"] == ("dp",)

@@ -4,7 +4,9 @@ order production code applies them (torchtitan's ``parallelize_llama``; Megatron
 1. **tensor (and sequence) parallel** inside each block, over ``tp`` (:func:`parallelize_gpt`);
 2. **context parallel** attention over ``cp`` (:func:`parallelize_context`);
 3. **pipeline stages** over ``pp`` (:func:`pipeline_gpt`, any schedule);
-4. **data parallel** outermost over ``dp``: replicas whose gradients are all-reduced
+4. **expert parallel** (a mixture-of-experts GPT): experts sharded over ``ep``, carved out of
+   ``dp`` (:func:`parallelize_experts`); expert gradients summed over ``edp`` and divided by dp;
+5. **data parallel** outermost over ``dp``: replicas whose gradients are all-reduced
    (``"ddp"``), FSDP shards (``"fsdp"``), or HSDP — FSDP inside groups of ``hsdp_shard``
    consecutive dp ranks (default: those on one node, :meth:`Mesh.node_of`), replicas
    all-reduced across them (``"hsdp"``).
@@ -33,8 +35,10 @@ import torch.nn as nn
 
 from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
+from dtlab.models.moe import is_expert_param
 from dtlab.parallel.compose.placement import Placement, clip_global_grad_norm_, place_parameters
 from dtlab.parallel.context import parallelize_context, shard_batch
+from dtlab.parallel.expert import parallelize_experts
 from dtlab.parallel.pipeline import PipelineExecutor, Schedule, pipeline_gpt
 from dtlab.parallel.tensor import TensorParallel, parallelize_gpt
 from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
@@ -55,6 +59,11 @@ def check_composition(mesh: Mesh, data_parallel: str, sequence_parallel: bool, s
             f"data_parallel={data_parallel!r} with pp={layout.pp}: a pipeline stage runs once per "
             "micro-batch and dtlab's FSDP gathers its parameters per forward; use "
             "data_parallel='ddp' with pipeline stages, or pp=1"
+        )
+    if layout.ep > 1 and (layout.tp, layout.pp, layout.cp, data_parallel) != (1, 1, 1, "ddp"):
+        raise ValueError(
+            f"ep={layout.ep}: expert parallel composes here with data parallel (DDP) only; use "
+            "tp=pp=cp=1 and data_parallel='ddp' with ep > 1"
         )
     if layout.pp > 1 and sequence_parallel:
         raise ValueError(
@@ -134,6 +143,9 @@ class ComposedGPT:
             kwargs = {} if positions is None else {"positions": positions}
             logits = (self.fsdp or self.module)(tokens, **kwargs)
             loss = self.tp.loss(logits, targets) if self.tp else _cross_entropy(logits, targets)
+            aux = getattr(self.module, "aux_loss", None)  # mixture-of-experts balancing losses
+            if aux is not None and aux.requires_grad:
+                loss = loss + aux
             loss.backward()
             loss = loss.detach()
         self._reduce_gradients()
@@ -150,6 +162,10 @@ class ComposedGPT:
         grads = [p.grad for _, p in named]
         if self.mesh.cp_size > 1:
             _average_flat(grads, self.comms["cp"], "cp_grad")
+        if self.mesh.layout.ep > 1:  # an expert's gradient already holds its EP block's tokens
+            expert = [p.grad for n, p in named if is_expert_param(n)]
+            grads = [p.grad for n, p in named if not is_expert_param(n)]
+            _average_flat(expert, self.comms["edp"], "edp_grad", divide_by=self.mesh.dp_size)
         if self.data_parallel == "ddp" and self.mesh.dp_size > 1:
             _average_flat(grads, self.comms["dp"], "dp_grad")
         if self.replica_comm is not None and self.replica_comm.world_size > 1:
@@ -234,13 +250,17 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return loss_fn(logits, targets)
 
 
-def _average_flat(grads: list[torch.Tensor], comm: Communicator, name: str) -> None:
-    """Average ``grads`` over ``comm`` with one all-reduce of their concatenation."""
+def _average_flat(
+    grads: list[torch.Tensor], comm: Communicator, name: str, divide_by: int | None = None
+) -> None:
+    """Sum ``grads`` over ``comm`` with one all-reduce of their concatenation, then divide by
+    ``divide_by`` (default: the group's size — an average)."""
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, name=name)
-    flat /= comm.world_size
+    if comm.world_size > 1:
+        comm.all_reduce(flat, name=name)
+    flat /= divide_by or comm.world_size
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -292,6 +312,10 @@ def compose_gpt(
     """
     check_composition(mesh, data_parallel, sequence_parallel, schedule)
     comms = {d: Communicator.along(mesh, d, collectives) for d in ("dp", "cp", "tp", "pp")}
+    if mesh.layout.ep > 1:
+        comms["ep"] = Communicator.along(mesh, "ep", collectives)
+        comms["edp"] = Communicator.along(mesh, "edp", collectives)
+        parallelize_experts(model, comms["ep"])
     tied = model.lm_head.weight is model.embed.weight
     tp = None
     if mesh.tp_size > 1:
@@ -329,7 +353,7 @@ def compose_gpt(
         composed.module = model
     names = [n for n, _ in composed.named_parameters()]
     sharded_dp = set(names) if composed.fsdp is not None else set()
-    degrees = {d: getattr(mesh, f"{d}_size") for d in ("pp", "dp", "cp", "tp")}
+    degrees = {d: getattr(mesh, f"{d}_size") for d in ("pp", "dp", "cp", "tp", "ep", "edp")}
     if composed.hsdp_shard:  # sharded inside the block, replicated across: dp splits in two
         degrees["dp_shard"] = composed.hsdp_shard
         degrees["dp_replicate"] = mesh.dp_size // composed.hsdp_shard
@@ -341,5 +365,6 @@ def compose_gpt(
         dp_sharded=sharded_dp,
         tied={"embed.weight", "lm_head.weight"} if tied and mesh.pp_size > 1 else set(),
         hybrid=bool(composed.hsdp_shard),
+        expert={n for n in names if is_expert_param(n)} if mesh.layout.ep > 1 else set(),
     )
     return composed
