@@ -39,6 +39,7 @@ from dtlab.plan import (
 )
 from dtlab.plan.mesh_order import compare_orders, crosses_nodes
 from dtlab.plan.predict import parameters_per_rank, predicted_traffic
+from dtlab.plan.step_time import fastest_plans, step_time
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -326,8 +327,7 @@ fig
 # Look for: the 70B job's layouts failing on the batch (2,048 GPUs and 1,024 sequences per step
 # leave less than one sequence per data-parallel rank) until TP takes a factor of 2, the 13B
 # job's first layout failing on memory, and the chosen layouts' memory and bubble. The traffic and
-# memory terms are the formulas the sections above checked against the cluster; what this
-# planner does not yet price is time — a layout that fits can still be communication-bound.
+# memory terms are the formulas the sections above checked against the cluster.
 
 
 # %%
@@ -356,6 +356,29 @@ def show_plans(req, limit: int = 8) -> None:
 
 for req in JOBS:
     show_plans(req)
+
+# %% [markdown]
+# **Fitting is not enough: time.** The checks above are about memory and the bubble. The step-time
+# model (`dtlab.plan.step_time`) adds the clock: compute at 70 % of the GPU's BF16 peak, tensor
+# parallel's collectives exposed at NVLink speed, pipeline sends and the bubble, and the
+# data-parallel gradient traffic hidden behind the backward pass up to its length, at one 400 Gb/s
+# NIC per GPU when the dp group leaves the node. Look for: the first 70B layout that fits memory
+# (tp=2, ZeRO-3 over 1,024 ranks) spending most of its step waiting for data parallel — a low MFU —
+# while a layout with more TP and a pipeline moves far fewer gradient bytes per GPU and keeps the
+# GPUs busy.
+
+# %%
+for req in JOBS:
+    fitted = first_plan_that_fits(req)
+    rows = [("first that fits", fitted, step_time(req, fitted))]
+    rows += [("fastest", plan, t) for plan, t in fastest_plans(req, 1)]
+    print(req.name)
+    for label, plan, t in rows:
+        print(
+            f"  {label:<16} dp={plan.dp:<4} tp={plan.tp} pp={plan.pp} v={plan.virtual_stages} "
+            f"ZeRO-{plan.zero_stage}: step {t.step_s:.2f} s (compute {t.compute_s:.2f}, dp "
+            f"exposed {t.dp_exposed_s:.2f}, tp {t.tp_s:.2f}, bubble {t.bubble:.0%}), MFU {t.mfu:.0%}"
+        )
 
 # %% [markdown]
 # Pick a job and see its plans (the dropdown re-runs the planner).
