@@ -1,4 +1,5 @@
-"""The planner's prediction of a composed step's traffic equals the bytes the cluster counts.
+"""The planner's prediction of a composed step's traffic equals the bytes the cluster counts, and
+its model state per rank by category is within 5 % of what the ranks hold.
 
 Each rank composes the same fp32 tiny GPT over a mesh with ``collectives="dtlab"`` (every byte
 counted from a real message), runs one training step, and compares its counted bytes — by group
@@ -20,7 +21,7 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool) -> dict:
     from dtlab.models import GPT, GPTConfig, SyntheticTokens
     from dtlab.parallel.compose import compose_gpt
     from dtlab.parallel.pipeline import one_f_one_b
-    from dtlab.plan.predict import parameters_per_rank, predicted_traffic
+    from dtlab.plan.predict import parameters_per_rank, predicted_state_bytes, predicted_traffic
 
     config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
     tokens, targets = SyntheticTokens(config, n_batches=1, batch_size=4, seed=3)[0]
@@ -34,14 +35,31 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool) -> dict:
         collectives="dtlab",
     )
     held = sum(p.numel() for _, p in composed.named_parameters())
+    opt = torch.optim.AdamW(composed.parameters(), lr=1e-3)
     composed.reset_traffic()
     composed.train_step(tokens, targets)
+    opt.step()
+    params = composed.parameters()
+    measured_state = {
+        "parameters": sum(p.numel() * p.element_size() for p in params),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in params),
+        "optimizer": sum(
+            t.numel() * t.element_size()
+            for state in opt.state.values()
+            for key, t in state.items()
+            if key != "step"  # a 0-dim counter per tensor, not a moment
+        ),
+    }
     layout = Layout(**degrees)
     predicted = predicted_traffic(
         config, layout, global_batch=4, pp_rank=mesh.pp_rank, n_micro=2,
         sequence_parallel=sp, data_parallel=data_parallel,
     )  # fmt: skip
+    predicted_state = predicted_state_bytes(
+        config, layout, pp_rank=mesh.pp_rank, data_parallel=data_parallel
+    )
     return {
+        "state": {k: measured_state[k] / predicted_state[k] for k in predicted_state},
         "counted": composed.traffic(),
         "measured_counted": all(c.stats.counted for c in composed.communicators().values()),
         "predicted": predicted,
@@ -74,3 +92,5 @@ def test_predicted_bytes_per_group_and_collective_equal_the_counted_bytes(
         assert result["measured_counted"]
         assert result["counted"] == result["predicted"], rank
         assert result["held"] == result["predicted_held"], rank
+        for category, ratio in result["state"].items():  # measured ÷ predicted, within 5 %
+            assert abs(ratio - 1) <= 0.05, (rank, category, ratio)

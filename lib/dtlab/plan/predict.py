@@ -84,6 +84,24 @@ def parameters_per_rank(config: GPTConfig, layout: Layout, pp_rank: int = 0) -> 
     return sum(stage_params(config, layout.tp, layout.pp, pp_rank))
 
 
+def predicted_state_bytes(
+    config: GPTConfig,
+    layout: Layout,
+    *,
+    pp_rank: int = 0,
+    data_parallel: str = "ddp",
+    bytes_per_element: int = 4,
+) -> dict[str, int]:
+    """Model state one rank holds after an AdamW step, by category: its parameters, their
+    gradients and Adam's two moments (all in the parameters' dtype, as ``torch.optim.AdamW``
+    keeps them); FSDP divides each unit by ``dp`` (rounded up: the flat shard is padded)."""
+    units = stage_params(config, layout.tp, layout.pp, pp_rank)
+    if data_parallel == "fsdp":
+        units = [math.ceil(u / layout.dp) for u in units]
+    params = sum(units) * bytes_per_element
+    return {"parameters": params, "gradients": params, "optimizer": 2 * params}
+
+
 def _fsdp_bytes(units: list[int], dp: int, e: int) -> int:
     return sum(3 * (dp - 1) * math.ceil(u / dp) * e for u in units)
 
