@@ -427,6 +427,24 @@ check_exercise("system_design.pick_layout", pick_layout, cluster)
 # ## 9. Quiz <a id="quiz"></a>
 
 # %%
+ask("composition.sp_norm_groups")
+
+# %%
+ask("composition.tied_embedding_pp")
+
+# %%
+ask("composition.global_norm")
+
+# %%
+ask("composition.mesh_order")
+
+# %%
+ask("composition.hsdp")
+
+# %%
+ask("composition.zero3_dp_time")
+
+# %%
 ask("system_design.planning_order")
 
 # %%
