@@ -3,6 +3,7 @@ data parallelism (DDP, FSDP or HSDP) to the lab GPT from outside, and
 :mod:`~dtlab.parallel.compose.placement` says, per parameter, which groups hold it and reduce its
 gradient — and clips by the global norm with every element counted once."""
 
+from dtlab.parallel.compose.checks import check_composed_layout, composed_layout_problems
 from dtlab.parallel.compose.gpt import DATA_PARALLEL, ComposedGPT, check_composition, compose_gpt
 from dtlab.parallel.compose.placement import (
     Placement,
@@ -15,9 +16,11 @@ __all__ = [
     "DATA_PARALLEL",
     "ComposedGPT",
     "Placement",
+    "check_composed_layout",
     "check_composition",
     "clip_global_grad_norm_",
     "compose_gpt",
+    "composed_layout_problems",
     "global_grad_norm",
     "place_parameters",
 ]

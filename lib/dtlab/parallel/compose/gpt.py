@@ -35,7 +35,8 @@ import torch.nn as nn
 
 from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
-from dtlab.models.moe import is_expert_param
+from dtlab.models.moe import is_expert_param, moe_layers
+from dtlab.parallel.compose.checks import check_composed_layout
 from dtlab.parallel.compose.placement import Placement, clip_global_grad_norm_, place_parameters
 from dtlab.parallel.context import parallelize_context, shard_batch
 from dtlab.parallel.expert import parallelize_experts
@@ -311,6 +312,12 @@ def compose_gpt(
     communicator's ``stats`` (``composed.comms[dim].stats``) holds measured bytes.
     """
     check_composition(mesh, data_parallel, sequence_parallel, schedule)
+    experts = {m.experts.n_experts for m in moe_layers(model)}
+    check_composed_layout(
+        model.config, mesh.layout, dist.get_world_size(), ranks_per_node=mesh.ranks_per_node,
+        cp_style=cp_style, n_experts=min(experts) if experts else None,
+        data_parallel=data_parallel, sequence_parallel=sequence_parallel,
+    )  # fmt: skip
     comms = {d: Communicator.along(mesh, d, collectives) for d in ("dp", "cp", "tp", "pp")}
     if mesh.layout.ep > 1:
         comms["ep"] = Communicator.along(mesh, "ep", collectives)
