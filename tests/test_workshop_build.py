@@ -277,6 +277,7 @@ AUDITED_LABS = (
     "05_pipeline_parallel",
     "06_context_parallel",
     "07_mixture_of_experts",
+    "08_mixed_precision",
     "11_composition",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)

@@ -2,8 +2,72 @@
 
 * :mod:`~dtlab.precision.mixed_precision` — :class:`MixedPrecision` (bf16/fp16 compute with fp32
   masters, as ZeRO and FSDP2's ``MixedPrecisionPolicy`` use it) and :func:`norms_in_fp32`.
+* :mod:`~dtlab.precision.formats` — FP32, TF32, BF16, FP16, E4M3, E5M2 (and E2M1, E8M0): range
+  and resolution computed from the bit layout.
+* :mod:`~dtlab.precision.loss_scaler` — :class:`DynamicLossScaler`: FP16 loss scaling with one
+  cross-rank overflow flag (DDP, ZeRO, FSDP), hysteresis as DeepSpeed's.
+* :mod:`~dtlab.precision.fp8` — FP8 quantisation with saturation, per tensor / row / tile;
+  delayed scaling (:class:`AmaxHistory`).
+* :mod:`~dtlab.precision.fp8_linear` — :class:`Fp8Linear` (E4M3 forward, E5M2 gradients) on
+  ``torch._scaled_mm`` where it runs, simulated where not, and says which.
+* :mod:`~dtlab.precision.microscaling` — MXFP8 and NVFP4, simulated.
+* :mod:`~dtlab.precision.recipes` — :func:`train_recipe`: the lab GPT under each recipe.
 """
 
+from dtlab.precision.formats import FORMATS, NumberFormat, format_table, number_format
+from dtlab.precision.fp8 import (
+    AmaxHistory,
+    Quantized,
+    fake_quantize,
+    flushed_to_zero,
+    quantize_fp8,
+    relative_error,
+)
+from dtlab.precision.fp8_linear import (
+    GEMM_PATHS,
+    PER_ROW,
+    PER_TENSOR,
+    PER_TILE,
+    Fp8Linear,
+    Fp8Recipe,
+    convert_to_fp8,
+)
+from dtlab.precision.loss_scaler import (
+    DynamicLossScaler,
+    ScalerConfig,
+    ScalerState,
+    gradients_of,
+    next_scale_state,
+)
+from dtlab.precision.microscaling import mxfp8_roundtrip, nvfp4_roundtrip
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype, norms_in_fp32
 
-__all__ = ["MixedPrecision", "compute_dtype", "norms_in_fp32"]
+__all__ = [
+    "FORMATS",
+    "GEMM_PATHS",
+    "PER_ROW",
+    "PER_TENSOR",
+    "PER_TILE",
+    "AmaxHistory",
+    "DynamicLossScaler",
+    "Fp8Linear",
+    "Fp8Recipe",
+    "MixedPrecision",
+    "NumberFormat",
+    "Quantized",
+    "ScalerConfig",
+    "ScalerState",
+    "compute_dtype",
+    "convert_to_fp8",
+    "fake_quantize",
+    "flushed_to_zero",
+    "format_table",
+    "gradients_of",
+    "mxfp8_roundtrip",
+    "next_scale_state",
+    "norms_in_fp32",
+    "number_format",
+    "nvfp4_roundtrip",
+    "quantize_fp8",
+    "relative_error",
+]

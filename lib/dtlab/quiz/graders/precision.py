@@ -1,0 +1,259 @@
+"""Graders for lab 08 (mixed precision): the loss scaler's update rule and per-tile FP8.
+
+``precision.loss_scaler_update`` — ``fn(grads, scale, clean_steps, growth_interval) ->
+(skip, new_scale, new_clean_steps)``, called on every rank after a backward of ``scale × loss``
+with the gradients *this rank* holds (a ZeRO shard). It must unscale ``grads`` in place
+(divide by ``scale``), decide whether **any rank** holds an inf/NaN with **one all-reduce** of a
+flag, and apply the rule: overflow → skip, halve the scale, reset the count; else count the
+clean step and double the scale (count back to 0) when it reaches ``growth_interval``. Graded on
+every rank of the cluster over cases where only rank 1 (or only rank 0) overflows, a step that
+reaches the growth interval, and huge-but-finite gradients; any other collective, more than one
+all-reduce per call, and calling the library's rule (:func:`~dtlab.precision.next_scale_state`,
+:class:`~dtlab.precision.DynamicLossScaler`) are refused.
+
+``precision.quantize_tiles`` — ``fn(x, tile) -> (q, scales)``: ``x`` (R, C) quantised to
+``torch.float8_e4m3fn`` with one fp32 scale per ``tile = (tr, tc)`` block (R, C divisible),
+``scales[i, j] = amax(block) / 448`` (1 for an all-zero block), ``x ≈ q · scale``, values clamped
+to ±448 before the cast. Graded on the cluster's ranks for 1×128 and 128×128 tiles, with an
+outlier and with an all-zero tile: scales equal amax/448, the dequantised tensor is as close to
+``x`` as the library's, and the outlier spoils only its own tile. Calling the library's
+quantiser is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
+from dtlab.quiz.graders.watch import noticing_calls, watching
+
+ONE_FLAG = (
+    "combine the ranks' overflow flags with one dist.all_reduce (op=MAX) of a small tensor; "
+    "nothing else needs to move"
+)
+SCALE = 2.0**10
+INTERVAL = 3
+# (name, rank whose gradient overflows: None/0/1, value planted, clean_steps before)
+SCALER_CASES = (
+    ("clean step", None, None, 0),
+    ("clean step that completes the growth interval", None, None, INTERVAL - 1),
+    ("inf only on rank 1", 1, float("inf"), 1),
+    ("nan only on rank 0", 0, float("nan"), 2),
+    ("huge but finite gradients", None, 6.0e4, 0),
+)
+TILE_CASES = (((4, 256), (1, 128), None), ((256, 256), (128, 128), 5.0e4), ((2, 256), (1, 128), 0))
+
+
+def _scaler_answers() -> dict[Callable, str]:
+    from dtlab.precision import loss_scaler
+
+    return {
+        loss_scaler.next_scale_state: "dtlab.precision.next_scale_state",
+        loss_scaler.DynamicLossScaler.unscale_: "DynamicLossScaler.unscale_",
+        loss_scaler.DynamicLossScaler.update: "DynamicLossScaler.update",
+    }
+
+
+def expected_scaler_update(found_inf: bool, scale: float, clean: int, interval: int):
+    """The rule a correct answer follows: (skip, new_scale, new_clean_steps)."""
+    if found_inf:
+        return True, scale * 0.5, 0
+    return (False, scale * 2.0, 0) if clean + 1 == interval else (False, scale, clean + 1)
+
+
+def _scaler_on_rank(fn: Callable) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    out, used = [], []
+    for name, bad_rank, value, clean in SCALER_CASES:
+        g = torch.Generator().manual_seed(10 + rank)
+        grads = [torch.randn(6, 4, generator=g) * SCALE, torch.randn(5, generator=g) * SCALE]
+        if bad_rank == rank:
+            grads[1][2] = value  # only this rank's shard overflowed
+        elif bad_rank is None and value is not None:
+            grads[0][0, 0] = value  # large, finite
+        originals = [t.clone() for t in grads]
+        with (
+            noticing_calls(_scaler_answers()) as noticed,
+            watching({"all_reduce"}, ONE_FLAG, dtlab_collectives=False) as wire,
+        ):
+            try:
+                got = fn(grads, SCALE, clean, INTERVAL)
+            except NotImplementedError:
+                raise
+            except Exception as error:  # noqa: BLE001 - reported to the learner
+                out.append({"case": name, "error": repr(error)})
+                break
+        used += noticed
+        reduces = [c for c in wire.collectives if c.kind == "all_reduce"]
+        finite = all(torch.isfinite(t).all() for t in originals)
+        unscaled = finite and all(
+            torch.allclose(t, o / SCALE, rtol=1e-6, atol=0)
+            for t, o in zip(grads, originals, strict=False)
+        )
+        out.append(
+            {
+                "case": name,
+                "got": tuple(got) if isinstance(got, tuple | list) else got,
+                "all_reduces": len(reduces),
+                "unscaled": unscaled or not finite,
+                "overflow_somewhere": bad_rank is not None,
+                "clean": clean,
+            }
+        )
+    return {"rank": rank, "cases": out, "used": used}
+
+
+@exercise("precision.loss_scaler_update", title="The dynamic loss scaler's update", world_size=2)
+def grade_loss_scaler_update(fn: Callable, cluster: Any) -> GradeResult:
+    """``fn(grads, scale, clean_steps, growth_interval) -> (skip, new_scale, new_clean_steps)``."""
+    results = cluster.run(_scaler_on_rank, fn)
+    for r in results:
+        if r["used"]:
+            raise NotTheSkill(
+                f"your update calls {r['used'][0]} — the library's answer. Write the rule: "
+                "unscale, one all-reduce of an overflow flag, then halve or count (and double)"
+            )
+    for r in results:
+        for case in r["cases"]:
+            where = f"on rank {r['rank']}, {case['case']}"
+            if "error" in case:
+                raise AssertionError(f"{where}: your function raised {case['error']}")
+            got = case["got"]
+            if not isinstance(got, tuple) or len(got) != 3:
+                raise AssertionError(f"{where}: return (skip, new_scale, new_clean_steps)")
+            if case["all_reduces"] != 1:
+                raise AssertionError(
+                    f"{where}: {case['all_reduces']} all-reduces; use exactly one per step — "
+                    "a rank sees only its own shard, so the flag must travel, and one flag is "
+                    "enough"
+                )
+            want = expected_scaler_update(
+                case["overflow_somewhere"], SCALE, case["clean"], INTERVAL
+            )
+            if bool(got[0]) != want[0]:
+                raise AssertionError(
+                    f"{where}: skip={bool(got[0])}, want {want[0]}"
+                    + (
+                        " — another rank's gradient overflowed; every rank must skip together"
+                        if want[0]
+                        else ""
+                    )
+                )
+            if float(got[1]) != want[1] or int(got[2]) != want[2]:
+                raise AssertionError(
+                    f"{where}: returned scale {float(got[1])}, clean steps {int(got[2])}; want "
+                    f"{want[1]} and {want[2]} (halve and reset on overflow; double and reset "
+                    f"when the clean count reaches growth_interval={INTERVAL})"
+                )
+            if not case["unscaled"]:
+                raise AssertionError(f"{where}: divide every gradient by the scale, in place")
+    return GradeResult(
+        True,
+        f"On {cluster.world_size} ranks your scaler unscales in place, agrees on overflow with "
+        f"one all-reduce when only one rank's shard holds inf or nan, halves the scale and skips, "
+        f"and doubles it after {INTERVAL} clean steps.",
+    )
+
+
+def _tile_answers() -> dict[Callable, str]:
+    from dtlab.precision import fp8
+
+    return {
+        fp8.quantize_fp8: "dtlab.precision.quantize_fp8",
+        fp8.block_amax: "dtlab.precision.fp8.block_amax",
+        fp8.fake_quantize: "dtlab.precision.fake_quantize",
+        fp8.scale_from_amax: "dtlab.precision.fp8.scale_from_amax",
+    }
+
+
+def _tiles_on_rank(fn: Callable) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from dtlab.precision.fp8 import block_amax, quantize_fp8, relative_error
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    problems, used = [], []
+    for shape, tile, special in TILE_CASES:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(20 + rank))
+        if special == 0:
+            x[:, :128] = 0.0  # an all-zero tile
+        elif special is not None:
+            x[5, 9] = special  # an outlier in tile (0, 0)
+        label = f"x of shape {shape}, tile {tile}" + (
+            " with an all-zero tile" if special == 0 else " with an outlier" if special else ""
+        )
+        with noticing_calls(_tile_answers()) as noticed:
+            try:
+                q, scales = fn(x.clone(), tile)
+            except NotImplementedError:
+                raise
+            except Exception as error:  # noqa: BLE001 - reported to the learner
+                problems.append(f"{label}: your function raised {error!r}")
+                continue
+        used += noticed
+        if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
+            problems.append(f"{label}: q must be a torch.float8_e4m3fn tensor")
+            continue
+        want_scales = torch.where((a := block_amax(x, tile)) > 0, a / 448.0, torch.ones_like(a))
+        if not isinstance(scales, torch.Tensor) or scales.shape != want_scales.shape:
+            problems.append(
+                f"{label}: scales must have one entry per tile, shape {tuple(want_scales.shape)}"
+            )
+            continue
+        nonzero = want_scales != 1.0
+        if not torch.allclose(scales.float()[nonzero], want_scales[nonzero], rtol=1e-5):
+            problems.append(f"{label}: each scale is its tile's amax / 448")
+            continue
+        deq = q.float() * scales.float().repeat_interleave(tile[0], 0).repeat_interleave(tile[1], 1)
+        if not torch.isfinite(deq).all():
+            problems.append(f"{label}: nan/inf after dequantising — clamp to ±448 before the cast")
+            continue
+        mine, library = (
+            relative_error(x, deq),
+            relative_error(x, quantize_fp8(x, "e4m3", "tile", tile).dequantize()),
+        )
+        if mine > library * 1.01 + 1e-9:
+            problems.append(
+                f"{label}: relative error {mine:.4f}, the per-tile quantiser reaches {library:.4f}"
+            )
+    return {"rank": rank, "problems": problems, "used": used}
+
+
+@exercise("precision.quantize_tiles", title="Per-tile FP8 quantisation", world_size=2)
+def grade_quantize_tiles(fn: Callable, cluster: Any) -> GradeResult:
+    """``fn(x, tile) -> (q, scales)``: per-tile E4M3 quantisation (module doc)."""
+    results = cluster.run(_tiles_on_rank, fn)
+    for r in results:
+        if r["used"]:
+            raise NotTheSkill(
+                f"your quantiser calls {r['used'][0]} — the library's answer. Write it: view x "
+                "as tiles, take each tile's amax, scale = amax / 448, clamp, cast"
+            )
+    for r in results:
+        if r["problems"]:
+            raise AssertionError(f"on rank {r['rank']}: {r['problems'][0]}")
+    return GradeResult(
+        True,
+        "Per-tile E4M3 on every rank: scales = amax/448 per 1×128 and 128×128 tile, error as "
+        "low as the library's, an outlier confined to its tile and an all-zero tile exact.",
+    )
+
+
+# -- quiz keys, from the library -----------------------------------------------------------------
+def scale_after_key(init_scale: float, events: str, growth_interval: int) -> float:
+    """The loss scale after ``events`` (a string of ``c`` clean and ``o`` overflow steps) under
+    GradScaler's rule (:func:`~dtlab.precision.next_scale_state`)."""
+    from dtlab.precision.loss_scaler import ScalerConfig, ScalerState, next_scale_state
+
+    config = ScalerConfig(init_scale=init_scale, growth_interval=growth_interval)
+    state = ScalerState.start(config)
+    for event in events:
+        if event not in "co":
+            raise ValueError(f"events are 'c' (clean) and 'o' (overflow), not {event!r}")
+        state = next_scale_state(state, event == "o", config)
+    return state.scale

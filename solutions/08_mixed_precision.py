@@ -1,0 +1,534 @@
+# %% [markdown]
+# # Lab 08 — Mixed precision, from FP32 to FP8
+#
+# Fewer bits per number mean faster matrix multiplies, fewer bytes on the wire and smaller
+# activations. They also mean numbers that overflow, underflow or round away. Every recipe in
+# this lab keeps the speed and guards against one of those failures. You will watch each failure
+# happen on real gradients, and the guard fix it.
+#
+# One idea at a time:
+#
+# 1. the formats: bits, range and resolution of FP32, TF32, BF16, FP16, E4M3, E5M2;
+# 2. FP16 on real gradients: what underflows, and what overflows;
+# 3. dynamic loss scaling: you write the update rule, then watch it on ZeRO ranks;
+# 4. BF16, and why the optimizer keeps FP32 master weights;
+# 5. FP8: scale granularity against an outlier; you write per-tile quantisation;
+# 6. memory per parameter and per activation, recipe by recipe.
+
+# %%
+import plotly.graph_objects as go
+import torch
+
+import dtlab
+import dtlab.viz
+from dtlab import trace
+from dtlab.config import fast_mode, lab_world_size
+from dtlab.memory.formulas import model_state_bytes
+from dtlab.memory.precision_bytes import (
+    activation_bytes_per_element,
+    bytes_per_param_table,
+    model_state_recipe,
+)
+from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
+from dtlab.precision import (
+    GEMM_PATHS,
+    AmaxHistory,
+    Fp8Linear,
+    Fp8Recipe,
+    flushed_to_zero,
+    format_table,
+    mxfp8_roundtrip,
+    number_format,
+    nvfp4_roundtrip,
+    quantize_fp8,
+    relative_error,
+)
+from dtlab.precision.formats import lost_updates
+from dtlab.precision.recipes import train_recipe
+from dtlab.quiz import ask, check_exercise
+from dtlab.trace import Trace
+from dtlab.viz.chart import describe
+
+dtlab.viz.setup_notebook()
+FAST = fast_mode()
+STEPS = 16 if FAST else 200
+
+# %% [markdown]
+# ## 1. The cluster <a id="setup"></a>
+#
+# Two ranks in fast mode (one per GPU otherwise). Most of this lab is numerics on one process.
+# The cluster comes in where precision meets distribution: the ranks must agree on whether a
+# step overflowed.
+
+# %%
+cluster = dtlab.Cluster(lab_world_size(2))
+print(f"{cluster.world_size} ranks on {cluster.device_type}; training runs of {STEPS} steps")
+
+# %% [markdown]
+# ## 2. The formats <a id="formats"></a>
+#
+# A float is a sign, `e` exponent bits and `m` mantissa bits. The exponent bits set the
+# **range**: the largest value and the smallest one before underflow. The mantissa bits set the
+# **resolution**: `eps = 2^-m`, the gap between 1.0 and the next number. `dtlab.precision`
+# computes both from the bit layout (the tests check them against `torch.finfo`). Look for:
+# BF16 has FP32's range with only 7 mantissa bits; FP16 has 3 more mantissa bits but tops out at
+# 65,504; E4M3 stops at 448 (it gives up infinities to gain one more binade); E5M2 trades a
+# mantissa bit for range. TF32 is the tensor-core format for FP32 inputs: FP32's range, FP16's
+# resolution.
+
+# %%
+print(f"{'format':>6} {'bits':>4} {'exp':>3} {'man':>3} {'max':>10} {'min normal':>11} "
+      f"{'min subnormal':>13} {'eps':>9}")  # fmt: skip
+for row in format_table():
+    print(
+        f"{row['format']:>6} {row['bits']:>4} {row['exponent']:>3} {row['mantissa']:>3} "
+        f"{row['max']:>10.3g} {row['smallest_normal']:>11.3g} {row['smallest_subnormal']:>13.3g} "
+        f"{row['eps']:>9.3g}"
+    )
+
+# %% [markdown]
+# The same table drawn on a log scale. Each bar spans the magnitudes a format can hold, from
+# its smallest subnormal to its max. Look for the FP8 bars: about 5 (E4M3) and 10 (E5M2)
+# decades, where FP32 spans 83. A tensor must be **scaled** into that window before it is cast.
+
+# %%
+names = ("fp32", "tf32", "bf16", "fp16", "e4m3", "e5m2")
+fig = go.Figure()
+for name in names:
+    f = number_format(name)
+    low, high = torch.tensor([f.smallest_subnormal, f.max]).log10().tolist()
+    fig.add_bar(
+        y=[name], x=[high - low], base=[low], orientation="h", name=f"{name} (eps {f.eps:g})"
+    )
+describe(
+    fig,
+    title="Representable magnitudes per format",
+    caption="FP8 spans a few decades; FP32 and BF16 span about eighty",
+    x="log10 of the magnitude (decades)",
+    y="format (name)",
+)
+fig
+
+# %% [markdown]
+# Resolution in one line: add `0.001` to a weight of `1.0` in each format. Look for BF16
+# returning exactly 1.0. Its spacing near 1.0 is `2^-7 ≈ 0.0078`, so any update below half of
+# that is rounded away.
+
+# %%
+for fmt in ("fp32", "fp16", "bf16"):
+    print(f"{fmt}: 1.0 + 0.001 == 1.0 ? {lost_updates(1.0, 0.001, fmt)}")
+
+# %% [markdown]
+# ## 3. FP16 on real gradients <a id="fp16-range"></a>
+#
+# Below are the gradients of the lab GPT at its first step, computed in FP32. The loss is
+# divided by 1024, as a loop accumulating 1024 micro-batches does, so every gradient is 1024×
+# smaller. The lines mark FP16's limits: values below half of `2^-24` flush to zero, values
+# below `2^-14` are subnormal (fewer mantissa bits), values above 65,504 overflow to inf. Look
+# for the share of the histogram left of the first line.
+
+# %%
+gpt_config = GPTConfig.tiny()
+x, y = SyntheticTokens(gpt_config, 1, 8)[0]
+model = GPT(gpt_config, seed=0)
+(loss_fn(model(x), y) / 1024).backward()
+grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+alive = grads[grads != 0].abs()
+fp16 = number_format("fp16")
+print(
+    f"{alive.numel():,} nonzero gradient elements; flushed to zero in FP16 (below 2^-25): "
+    f"{(alive < fp16.smallest_subnormal / 2).float().mean():.1%}; below its smallest normal "
+    f"(subnormal, fewer mantissa bits): {(alive < fp16.smallest_normal).float().mean():.1%}"
+)
+fig = go.Figure(go.Histogram(x=alive.log2().tolist(), nbinsx=80, name="gradients"))
+for value, label in ((2.0**-24, "fp16 min subnormal"), (2.0**-14, "fp16 min normal")):
+    fig.add_vline(x=torch.tensor(value).log2().item(), line_dash="dash", annotation_text=label)
+describe(
+    fig,
+    title="Gradient magnitudes of the lab GPT (loss / 1024)",
+    caption="the mass left of the dashed lines is lost or degraded in FP16",
+    x="log2 |gradient| (binades)",
+    y="gradient elements (count)",
+)
+fig
+
+# %% [markdown]
+# The same backward run *in* FP16, without and with loss scaling (`2^16`), against the FP32
+# backward at the same weights. `train_recipe` measures the fraction of gradient elements that
+# are nonzero in FP32 and zero in FP16, then trains on. Look for: without scaling a large share
+# flushes and the loss lags; with scaling almost nothing flushes and the loss matches FP32.
+
+# %%
+fp16_runs = {
+    recipe: train_recipe(recipe, STEPS, accumulation=1024)
+    for recipe in ("fp32", "fp16_unscaled", "fp16_scaled")
+}
+for recipe, run in fp16_runs.items():
+    print(
+        f"{recipe:>14}: gradient elements flushed to zero {run.underflow_fraction:6.2%}, "
+        f"final loss {run.final_loss:.4f}"
+    )
+
+# %% [markdown]
+# Overflow is the other edge: FP16 holds nothing above 65,504. The same gradients as in the
+# histogram, multiplied by a loss scale `2^k` and cast to FP16. Look for the window: too small a
+# scale flushes gradients to zero, too large a one turns the biggest into inf. Somewhere in
+# between, both counts are near zero; finding that window is the scaler's job.
+
+# %%
+nonzero = grads != 0
+print(f"{'scale':>6} {'flushed to zero':>16} {'overflowed to inf':>18}")
+for exponent in (0, 8, 16, 24, 32, 40):
+    in_fp16 = (grads * 2.0**exponent).half()
+    flushed = ((in_fp16 == 0) & nonzero).float().mean().item()
+    overflowed = torch.isinf(in_fp16).float().mean().item()
+    print(f"{'2^' + str(exponent):>6} {flushed:>16.2%} {overflowed:>18.4%}")
+
+# %% [markdown]
+# ## 4. Dynamic loss scaling <a id="loss-scaler"></a>
+#
+# The scale must be large enough to lift small gradients, and small enough not to overflow.
+# Nobody knows that value in advance, so the scaler searches for it (Micikevicius et al. 2018;
+# `torch.amp.GradScaler`). Every step:
+#
+# 1. multiply the loss by `S` and run backward;
+# 2. divide every gradient by `S` and look for inf/NaN;
+# 3. on overflow, **skip** the optimizer step and halve `S`. Otherwise step, and after
+#    `growth_interval` clean steps in a row, double `S`.
+#
+# Under ZeRO-2/3 or FSDP a rank holds only a **shard** of the gradient, so an inf may sit on
+# rank 1 alone. If rank 0 stepped and rank 1 skipped, their weights would diverge, and the next
+# all-gather would wait forever. The ranks combine their flags with **one all-reduce**.
+#
+# ### Exercise: write the update rule <a id="exercise-scaler"></a>
+#
+# Write `scaler_update(grads, scale, clean_steps, growth_interval)`. It is called on every rank
+# with the gradients that rank holds, still multiplied by `scale`. It must divide them by
+# `scale` in place, decide with one `dist.all_reduce` whether **any** rank overflowed, and
+# return `(skip, new_scale, new_clean_steps)`: on overflow `(True, scale / 2, 0)`; otherwise
+# count the clean step, and when the count reaches `growth_interval` double the scale and reset
+# the count to 0.
+#
+# The grader runs it on every rank, with an inf on rank 1 only, a NaN on rank 0 only, a step
+# that completes the interval, and huge but finite gradients. It refuses any other collective,
+# more than one all-reduce, and calls to the library's scaler.
+
+
+# %%
+def scaler_update(grads, scale, clean_steps, growth_interval):
+    import torch.distributed as dist
+
+    # BEGIN SOLUTION
+    flag = torch.zeros(1)
+    for grad in grads:
+        grad.div_(scale)
+        flag = torch.maximum(flag, (~torch.isfinite(grad)).any().float().reshape(1))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        return True, scale / 2, 0
+    if clean_steps + 1 == growth_interval:
+        return False, scale * 2, 0
+    return False, scale, clean_steps + 1
+    # END SOLUTION
+
+
+# %%
+check_exercise("precision.loss_scaler_update", scaler_update, cluster)
+
+# %% [markdown]
+# The library's `DynamicLossScaler` follows the same rule. The tests check that its scale,
+# skipped steps and parameters equal `torch.amp.GradScaler`'s on a run with planted overflows.
+# Here it trains the lab GPT on the cluster under ZeRO-2 with FP16 compute and FP32 master
+# shards. It starts at a deliberately absurd scale of `2^24` and grows every 4 clean steps.
+# Each rank records, per step, the scale, whether it skipped, and whether *its own* shard held
+# an inf. Look for: a run of skipped steps while the scale halves down from `2^24`, then
+# occasional skips after a growth. Then look for a step where one rank saw no overflow in its
+# shard and still skipped, because the other rank's flag said so.
+
+
+# %%
+def zero2_fp16(steps: int) -> dict:
+    import torch.distributed as dist
+
+    from dtlab.models import shard_for_rank
+    from dtlab.parallel import MixedPrecision, ZeroOptimizer
+    from dtlab.precision import DynamicLossScaler, ScalerConfig
+
+    model = GPT(gpt_config, seed=0)
+    opt = ZeroOptimizer(
+        model.parameters(), torch.optim.AdamW, stage=2, lr=3e-3,
+        mixed_precision=MixedPrecision(torch.float16),
+    )  # fmt: skip
+    model.to(torch.float16)
+    scaler = DynamicLossScaler(ScalerConfig(init_scale=2.0**24, growth_interval=4))
+    losses = []
+    for step, batch in enumerate(SyntheticTokens(gpt_config, steps, 8)):
+        x, y = shard_for_rank(batch, dist.get_rank(), dist.get_world_size())
+        with trace.labels(step=step):
+            loss = loss_fn(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        losses.append(loss.item())
+    return {"history": [(s.scale, s.skipped, s.local_overflow) for s in scaler.history],
+            "losses": losses}  # fmt: skip
+
+
+scaled = cluster.run(zero2_fp16, 20 if FAST else 60)
+history = scaled[0]["history"]
+for step, per_rank in enumerate(zip(*(r["history"] for r in scaled), strict=True)):
+    scale, skipped, _ = per_rank[0]
+    local = ", ".join(f"rank {r}: {'inf' if s[2] else 'ok'}" for r, s in enumerate(per_rank))
+    print(f"step {step:>2}: scale 2^{torch.tensor(scale).log2().item():.0f} "
+          f"{'SKIPPED' if skipped else 'stepped'} ({local})")  # fmt: skip
+
+# %% [markdown]
+# The scale over the steps, skipped steps marked.
+
+# %%
+steps_axis = list(range(len(history)))
+fig = go.Figure()
+fig.add_scatter(x=steps_axis, y=[h[0] for h in history], mode="lines+markers", name="loss scale")
+skips = [i for i, h in enumerate(history) if h[1]]
+fig.add_scatter(x=skips, y=[history[i][0] for i in skips], mode="markers", name="skipped step",
+                marker={"symbol": "x", "size": 12})  # fmt: skip
+fig.update_yaxes(type="log")
+describe(
+    fig,
+    title="Dynamic loss scale, ZeRO-2 with FP16 compute",
+    caption="halving on every overflow, doubling after 4 clean steps",
+    x="training step (index)",
+    y="loss scale (multiplier)",
+)
+fig
+
+# %% [markdown]
+# On the timeline, every step has one `overflow_flag` all-reduce (4 bytes). Skipped steps have
+# no `optimizer_step` span and no parameter all-gather: the ranks agreed to do nothing. Look
+# for the gaps where those spans are missing in the first steps.
+
+# %%
+first_steps = Trace([s for s in scaled.trace.spans if s.labels.get("step", 99) < 8])
+dtlab.viz.timeline(first_steps, title="Loss scaling under ZeRO-2, first 8 steps")
+
+# %% [markdown]
+# ## 5. BF16, and why master weights <a id="bf16-master"></a>
+#
+# BF16 has FP32's range, so nothing underflows and no loss scale is needed. It has 7 mantissa
+# bits, so a weight cannot absorb a small update. Three runs of the same model:
+#
+# - `fp32`: the reference;
+# - `bf16_master`: a BF16 copy computes; its gradients accumulate into FP32 `.grad` of FP32
+#   master weights; AdamW steps the masters, and the copy is re-rounded from them;
+# - `bf16_pure`: the BF16 weights *are* what AdamW steps.
+#
+# `lost_update_fraction` counts, from the tensors, the elements whose value did not change
+# although their gradient was nonzero. Look for: `bf16_master` on top of FP32, and `bf16_pure`
+# losing a few percent of its updates and lagging.
+
+# %%
+bf16_runs = {recipe: train_recipe(recipe, STEPS) for recipe in ("fp32", "bf16_master", "bf16_pure")}
+fig = go.Figure()
+for recipe, run in bf16_runs.items():
+    lost = run.lost_update_fraction
+    print(f"{recipe:>11}: final loss {run.final_loss:.4f}, updates lost {lost:.2%}")
+    fig.add_scatter(y=run.losses, mode="lines", name=recipe)
+describe(
+    fig,
+    title="Training loss: FP32, BF16 with FP32 masters, pure BF16",
+    caption="the masters keep BF16 on the FP32 curve; pure BF16 loses small updates",
+    x="training step (index)",
+    y="loss (nats)",
+)
+fig
+
+# %% [markdown]
+# ## 6. FP8 and scale granularity <a id="fp8-granularity"></a>
+#
+# FP8 needs a scale per block of values: `scale = amax / 448` for E4M3, so the block's largest
+# value lands on 448. How many values share one scale decides what an outlier destroys. One
+# scale per **tensor** lets a single huge value push every other value into E4M3's subnormals.
+# One per **row** (token), or per **tile** (1×128 for activations, 128×128 for weights, as in
+# DeepSeek-V3), confines the damage to the outlier's own block.
+#
+# Below, a 256×512 tensor of standard normals with one outlier, of growing size. The error is
+# measured on the *other* values. MXFP8 (E4M3 with a power-of-two scale per 32 values) and NVFP4
+# (4-bit E2M1 with an E4M3 scale per 16 values, plus a tensor scale) are simulated beside them.
+# Look for: per-tensor error rising once the outlier passes about `448 / 2^-6 ≈ 3·10^4` times
+# the typical value (E4M3's normal range). The finer granularities stay at E4M3's own rounding,
+# about 2.6%.
+
+# %%
+outliers = [1e1, 1e2, 1e3, 1e4, 3e4, 1e5, 1e6]
+errors = {k: [] for k in ("tensor", "row", "tile", "mxfp8", "nvfp4")}
+base = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
+for size in outliers:
+    t = base.clone()
+    t[3, 7] = size
+    ordinary = t.abs() < 100
+    for gran in ("tensor", "row", "tile"):
+        errors[gran].append(relative_error(t, quantize_fp8(t, "e4m3", gran).dequantize(), ordinary))
+    errors["mxfp8"].append(relative_error(t, mxfp8_roundtrip(t), ordinary))
+    errors["nvfp4"].append(relative_error(t, nvfp4_roundtrip(t), ordinary))
+t = base.clone()
+t[3, 7] = 1e5
+print(
+    f"outlier 1e5: values flushed to zero per tensor "
+    f"{flushed_to_zero(t, quantize_fp8(t, 'e4m3', 'tensor').dequantize()):.1%}, "
+    f"per tile {flushed_to_zero(t, quantize_fp8(t, 'e4m3', 'tile').dequantize()):.2%}"
+)
+fig = go.Figure()
+for name, values in errors.items():
+    fig.add_scatter(x=outliers, y=values, mode="lines+markers", name=name)
+fig.update_xaxes(type="log")
+fig.update_yaxes(type="log")
+describe(
+    fig,
+    title="Quantisation error on ordinary values next to one outlier",
+    caption="per-tensor FP8 breaks once the outlier leaves E4M3's range; tiles do not care",
+    x="outlier magnitude (× a standard normal)",
+    y="relative error of the other values (fraction)",
+)
+fig
+
+# %% [markdown]
+# ### Exercise: per-tile FP8 quantisation <a id="exercise-tiles"></a>
+#
+# Write `quantize_tiles(x, tile)`. `x` is (R, C) and `tile = (tr, tc)` divides it. Return
+# `(q, scales)`: `q` is `x` in `torch.float8_e4m3fn`, and `scales` (R/tr, C/tc) holds one fp32
+# scale per tile, `amax(tile) / 448` (1 for an all-zero tile), so that `x ≈ q · scale`. Clamp to
+# ±448 before the cast: what a cast does beyond the range differs between formats and builds.
+#
+# The grader runs on every rank with 1×128 and 128×128 tiles, with an outlier and with an
+# all-zero tile. It checks your scales and that your error is as low as the library's. Calling
+# the library's quantiser is refused.
+
+
+# %%
+def quantize_tiles(x, tile):
+    # BEGIN SOLUTION
+    tr, tc = tile
+    rows, cols = x.shape
+    blocks = x.reshape(rows // tr, tr, cols // tc, tc)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    scaled = (blocks / scales[:, None, :, None]).clamp(-448.0, 448.0)
+    return scaled.reshape(rows, cols).to(torch.float8_e4m3fn), scales
+    # END SOLUTION
+
+
+# %%
+check_exercise("precision.quantize_tiles", quantize_tiles, cluster)
+
+# %% [markdown]
+# **Current vs delayed scaling.** Computing the amax needs a pass over the tensor before it is
+# cast. *Delayed* scaling (Transformer Engine) takes the scale from the amaxes of earlier steps
+# instead. It works while the amax drifts slowly, and saturates when it jumps. Look for the
+# number of saturated values when the tensor suddenly grows 100×.
+
+# %%
+history_amax = AmaxHistory(length=4)
+gen = torch.Generator().manual_seed(1)
+for _ in range(4):
+    history_amax.quantize(torch.randn(64, 64, generator=gen) * 0.5)
+jump = torch.randn(64, 64, generator=gen) * 50
+delayed = history_amax.quantize(jump)
+current = quantize_fp8(jump, "e4m3")
+print(
+    f"delayed: {delayed.saturated} of {jump.numel()} values saturated, error "
+    f"{relative_error(jump, delayed.dequantize()):.2f}; current: {current.saturated} saturated, "
+    f"error {relative_error(jump, current.dequantize()):.3f}"
+)
+
+# %% [markdown]
+# **The FP8 linear layer.** `Fp8Linear` quantises its input and weight to E4M3 in forward and
+# the output gradient to E5M2 in backward, then multiplies. Where this build's
+# `torch._scaled_mm` accepts the scale layout (it is probed once and checked against the
+# simulation), it runs. Otherwise the layer *simulates*: the same FP8 values, dequantised and
+# multiplied in fp32. `GEMM_PATHS` counts which one ran, per GEMM. Look for which paths ran
+# here. A simulated GEMM is a numerics check, not an FP8 speed-up.
+
+# %%
+layer = torch.nn.Linear(256, 128)
+inputs = torch.randn(64, 256, requires_grad=True)
+for recipe in (Fp8Recipe("tensor"), Fp8Recipe("row"), Fp8Recipe("tile")):
+    GEMM_PATHS.clear()
+    Fp8Linear.from_linear(layer, recipe)(inputs).sum().backward()
+    print(f"{recipe.granularity:>6}: {dict(GEMM_PATHS)}")
+
+# %% [markdown]
+# Now the lab GPT trained with every block's linears in FP8 (the output head stays in high
+# precision). We plant a **massive activation**, as LLMs grow them (Sun et al. 2024): token 0's
+# input to every linear is multiplied by `2^16` and its output divided back. In exact arithmetic
+# nothing changes, so the FP32 run is unaffected. Look for: per-tensor FP8 falling behind FP32,
+# per-tile FP8 on top of it.
+
+# %%
+fp8_runs = {
+    recipe: train_recipe(recipe, STEPS, massive_activation=2.0**16)
+    for recipe in ("fp32", "fp8_tensor", "fp8_tile")
+}
+for recipe, run in fp8_runs.items():
+    gap = run.final_loss - fp8_runs["fp32"].final_loss
+    print(f"{recipe:>10}: final loss {run.final_loss:.4f} ({gap:+.4f} vs fp32)")
+
+# %% [markdown]
+# ## 7. Memory per parameter <a id="memory"></a>
+#
+# Mixed precision does **not** shrink the model state. The 16-bit copy comes *on top* of the
+# FP32 master: 2 + 2 + 12 = 16 bytes per parameter with Adam, the same as pure FP32 (4 + 4 + 8).
+# Megatron's FP32 gradient accumulation buffer makes it 18. Only dropping the master (pure BF16)
+# halves it, at the price section 5 showed. What mixed precision does shrink is activations,
+# communication and GEMM time. The table is from `dtlab.memory.precision_bytes`; the tests
+# measure it from the tensors of a real step. Look for the 7B column against the
+# 16 B/param baseline (112 GB).
+
+# %%
+for row in bytes_per_param_table():
+    total = model_state_bytes(7_000_000_000, recipe=model_state_recipe(row["recipe"])).total
+    sum_of_parts = f"{row['param']} + {row['grad']} + {row['optimizer']:>2} = {row['total']:>2}"
+    print(
+        f"{row['recipe']:>24}: {sum_of_parts} B/param ({row['vs_baseline']:.2f}× baseline); "
+        f"7B: {total / 1e9:.0f} GB"
+    )
+print()
+for storage, gran in (("fp32", ""), ("bf16", ""), ("fp8", "tensor"), ("fp8", "tile"),
+                      ("mxfp8", ""), ("nvfp4", "")):  # fmt: skip
+    per = activation_bytes_per_element(storage, gran or "tensor")
+    print(f"saved activation in {storage} {gran:>6}: {per:.4f} B/element")
+
+# %% [markdown]
+# ## 8. Quiz <a id="quiz"></a>
+#
+# Graded questions from the bank on what this lab showed.
+
+# %%
+ask("precision.bf16_vs_fp16")
+
+# %%
+ask("precision.master_weights")
+
+# %%
+ask("precision.loss_scaling")
+
+# %%
+ask("precision.scaler_trajectory")
+
+# %%
+ask("precision.sharded_overflow_flag")
+
+# %%
+ask("precision.fp8_formats")
+
+# %%
+ask("precision.fp8_outlier_granularity")
+
+# %%
+ask("precision.microscaling")
+
+# %%
+ask("precision.fp32_accum_bytes")
+
+# %%
+cluster.close()
