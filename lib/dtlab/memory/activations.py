@@ -24,7 +24,7 @@ Conventions:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -44,6 +44,15 @@ def _storage_of(t: torch.Tensor) -> torch.UntypedStorage | None:
 
 def _key(storage: torch.UntypedStorage) -> _StorageKey:
     return (storage.device.type, storage.device.index, storage.data_ptr())
+
+
+class SavedStorage(NamedTuple):
+    """One distinct storage saved for backward: who saved it first, as what, and its bytes."""
+
+    module: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
 
 
 class _Saved:
@@ -75,6 +84,9 @@ class ActivationMeter:
         num_saved: how many tensors were saved (before de-duplication by storage).
         by_module: with ``model``, bytes by the innermost module whose forward saved the storage
             first (``""`` is the model's own forward).
+        records: one :class:`SavedStorage` per distinct storage, in the order first saved — the
+            raw material for a breakdown by tensor family
+            (:func:`dtlab.memory.activation_families.measured_families`).
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class ActivationMeter:
         self.current_bytes = 0
         self.num_saved = 0
         self.by_module: dict[str, int] = {}
+        self.records: list[SavedStorage] = []
         self._live: dict[_StorageKey, list[int]] = {}  # key -> [handles alive, nbytes]
         self._module_stack: list[str] = []
         self._module_hooks: list[Any] = []
@@ -136,9 +149,10 @@ class ActivationMeter:
             self.total_bytes += nbytes
             self.current_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+            owner = self._module_stack[-1] if self._module_stack else ""
             if self.model is not None:
-                owner = self._module_stack[-1] if self._module_stack else ""
                 self.by_module[owner] = self.by_module.get(owner, 0) + nbytes
+            self.records.append(SavedStorage(owner, tuple(tensor.shape), tensor.dtype, nbytes))
         entry[0] += 1
         return _Saved(self, key, tensor)
 

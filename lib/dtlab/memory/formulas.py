@@ -33,10 +33,14 @@ linear-in-``s`` tensors (11 attention, 19 MLP, 4 LayerNorm, dropout masks at 1 b
 ``5·a·s²·b`` for the attention scores, softmax output and its dropout mask. Tensor parallelism of
 degree ``t`` splits all but ``10·sbh`` (LayerNorm and dropout inputs kept in full); adding
 sequence parallelism splits those too; selective recomputation drops the ``5·a·s²·b`` term.
+:mod:`dtlab.memory.activation_families` splits the count by tensor family and writes the same
+derivation for the lab GPT (fp32, GELU, CPU dropout masks), which the saved-tensor hooks match
+exactly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -234,13 +238,18 @@ def activation_checkpointing_bytes(
 ) -> int:
     """Peak activation bytes with checkpoints every ``layers_per_checkpoint`` layers.
 
-    Forward keeps only each segment's input (``2·s·b·h`` bytes in 16-bit, ``/t`` with SP); backward
-    recomputes one segment at a time and holds its full activations meanwhile::
+    Forward keeps only each segment's input (``a = 2·s·b·h`` bytes in 16-bit, ``/t`` with SP);
+    backward recomputes one segment of ``k`` layers at a time and holds its full activations
+    (``b`` = :func:`activation_bytes_per_layer` per layer) meanwhile::
 
-        ceil(L / k) · 2sbh  +  k · activation_bytes_per_layer(...)
+        ceil(L / k) · a  +  k · b
 
-    ``k = 1`` is per-layer checkpointing; ``k ≈ sqrt(L)`` balances the two terms (Chen et al.
-    2016, "Training Deep Nets with Sublinear Memory Cost").
+    The first term falls with ``k``, the second grows; the continuous optimum is
+    ``k* = sqrt(L · a / b)`` (:func:`best_layers_per_checkpoint` finds the integer one). Chen et
+    al. 2016 ("Training Deep Nets with Sublinear Memory Cost") assume ``a = b`` and get ``√L``;
+    a transformer layer's ``b`` is ``17 + 2.5·a_heads·s/h`` times its input (more than 17×), so
+    ``k* < √(L/17)``: checkpoint **every layer** (or every second one at hundreds of layers),
+    not every ``√L``-th.
     """
     k = layers_per_checkpoint
     if not 1 <= k <= n_layers:
@@ -252,3 +261,33 @@ def activation_checkpointing_bytes(
         seq_len, batch_size, d_model, n_heads, tensor_parallel, sequence_parallel, "none"
     )
     return -(-n_layers // k) * full + k * one_layer
+
+
+def checkpoint_interval_optimum(n_layers: int, input_bytes: int, layer_bytes: int) -> float:
+    """The continuous minimiser ``k* = sqrt(L · a / b)`` of ``(L / k) · a + k · b``.
+
+    ``a`` = ``input_bytes`` (a checkpointed segment's stored input), ``b`` = ``layer_bytes`` (one
+    layer's full activations). ``√L`` only when ``a = b``.
+    """
+    if min(n_layers, input_bytes, layer_bytes) < 1:
+        raise ValueError("n_layers, input_bytes and layer_bytes must be >= 1")
+    return math.sqrt(n_layers * input_bytes / layer_bytes)
+
+
+def best_layers_per_checkpoint(
+    n_layers: int,
+    seq_len: int,
+    batch_size: int,
+    d_model: int,
+    n_heads: int,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+) -> int:
+    """The integer ``k`` in ``1..L`` minimising :func:`activation_checkpointing_bytes` (the
+    smallest one on a tie)."""
+    return min(
+        range(1, n_layers + 1),
+        key=lambda k: activation_checkpointing_bytes(
+            n_layers, seq_len, batch_size, d_model, n_heads, k, tensor_parallel, sequence_parallel
+        ),
+    )

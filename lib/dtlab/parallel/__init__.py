@@ -22,6 +22,11 @@ Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an on
 ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
 attention core by :func:`parallelize_context`.
 
+Activation memory (lab 09): :func:`recompute` and :class:`Recomputed` (full recomputation written
+from scratch), :func:`recompute_attention_core` (Megatron's selective), :func:`checkpoint_saving_matmuls`
+(PyTorch's op-level selective checkpointing), :class:`OffloadActivations` (saved tensors to the
+host) and :func:`accumulate_gradients` (K micro-batches, ``no_sync``).
+
 Expert parallel (:mod:`dtlab.parallel.expert`, lab 07): the lab GPT gets mixture-of-experts
 blocks through its MLP factory (:func:`dtlab.models.moe.moe_mlp_factory`); :func:`parallelize_experts`
 shards the experts over the mesh's ``ep`` group — a counted count exchange, then the dispatch and
@@ -37,6 +42,8 @@ counted rings (``collectives="dtlab"``) when the bytes must be measured.
 
 from dtlab.comm import ring_bytes_sent
 from dtlab.parallel import compose, context, expert, pipeline
+from dtlab.parallel.accumulation import AccumulationStep, accumulate_gradients, split_batch
+from dtlab.parallel.activation_offload import OffloadActivations
 from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
 from dtlab.parallel.compose import compose_gpt
 from dtlab.parallel.context import parallelize_context
@@ -49,6 +56,8 @@ from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.offload import offload_device
 from dtlab.parallel.pipeline import pipeline_gpt, simulate, validate
+from dtlab.parallel.recompute import Recomputed, recompute, recompute_attention_core
+from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
 from dtlab.parallel.tensor import (
@@ -65,6 +74,14 @@ from dtlab.parallel.zero_optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [
+    "AccumulationStep",
+    "OffloadActivations",
+    "Recomputed",
+    "accumulate_gradients",
+    "checkpoint_saving_matmuls",
+    "recompute",
+    "recompute_attention_core",
+    "split_batch",
     "ExpertParallel",
     "compose",
     "compose_gpt",
