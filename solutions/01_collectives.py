@@ -14,11 +14,13 @@
 # 3. the ring all-reduce's `2(N-1)` steps on the timeline — and you will write it;
 # 4. the identity *all-reduce = reduce-scatter + all-gather*, in bytes;
 # 5. measured bandwidth against the fitted model; latency-bound vs bandwidth-bound sizes;
-# 6. why NCCL is topology-aware: the hierarchical all-reduce on a two-tier model.
+# 6. why NCCL is topology-aware: the hierarchical all-reduce on a rail-optimised two-tier model;
+# 7. why a BF16 all-reduce is not exact, measured on the ranks.
 
 # %%
 import itertools
 
+import plotly.graph_objects as go
 import torch
 import torch.distributed as dist
 
@@ -26,6 +28,7 @@ import dtlab
 import dtlab.viz
 from dtlab import collectives as C
 from dtlab.bench.collectives import run_sweep, summarize
+from dtlab.collectives.reduction_precision import measure_reduction_errors, reduction_error_table
 from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
 from dtlab.config import fast_mode
 from dtlab.cost import (
@@ -352,14 +355,18 @@ check_exercise("collectives.ring_time", ring_all_reduce_time, cluster)
 # %% [markdown]
 # ## 8. Why NCCL is topology-aware <a id="topology"></a>
 #
-# A GPU cluster has two tiers: NVLink inside a node (H100: 450 GB/s per direction) and
-# InfiniBand between nodes (NDR: 50 GB/s per GPU). A flat ring over every GPU is paced by its
-# slowest hop. The **hierarchical all-reduce** reduce-scatters inside each node, all-reduces only
-# `1/g` of the buffer across nodes (`g` GPUs per node), then all-gathers inside the node.
+# A GPU cluster has two tiers. Inside a node, NVSwitch joins every GPU to every other (H100:
+# 450 GB/s per direction per GPU). Between nodes, the topology assumed here and in `dtlab.cost` is
+# today's training node: **one 400 Gb/s NIC per GPU** (50 GB/s per direction each, 400 GB/s per
+# node), wired **rail-optimised** — NIC `j` of every node plugs into leaf switch `j`, so GPUs with
+# the same local rank reach each other in one switch hop. (Older boxes and many cloud VMs have one
+# NIC per node; pass `nics_per_node=1` to model them.)
 #
-# Here four ranks play two "nodes" of two. Look for: the same result as a flat all-reduce, and
-# each rank sending `2(g-1)/g·M + 2(k-1)/k·M/g` bytes (`g` = 2 ranks per node, `k` = 2 nodes):
-# 32 + 16 = 48 bytes for the 32-byte buffer, of which only 16 cross "nodes".
+# The **hierarchical all-reduce** reduce-scatters inside each node, all-reduces only `1/g` of the
+# buffer across nodes (`g` GPUs per node, every local rank on its own rail), then all-gathers
+# inside the node. Here four ranks play two "nodes" of two. Look for: the same result as a flat
+# all-reduce, and each rank sending `2(g-1)/g·M + 2(k-1)/k·M/g` bytes (`g` = 2 ranks per node,
+# `k` = 2 nodes): 32 + 16 = 48 bytes for the 32-byte buffer, of which only 16 cross "nodes".
 
 
 # %%
@@ -372,13 +379,31 @@ def hierarchical_vs_flat():
 
 
 print(cluster.run(hierarchical_vs_flat))
-for nodes in (2, 4, 16):
-    topo = TwoTierCluster(nodes=nodes, gpus_per_node=8)
-    flat_ms = flat_ring_all_reduce_time(1 << 30, topo) * 1e3
-    hier_ms = hierarchical_all_reduce_time(1 << 30, topo) * 1e3
-    print(
-        f"{nodes:>2} nodes × 8 H100, 1 GiB: flat ring {flat_ms:6.1f} ms, hierarchical {hier_ms:5.1f} ms"
-    )
+
+# %% [markdown]
+# Is the hierarchical schedule faster at full scale? It depends on the NICs, which is why the
+# topology must be stated. A flat ring over all `N` GPUs sends `2(N-1)/N·M` per GPU, but only the
+# GPU whose ring neighbour is in the next node uses the network: NCCL runs one ring per NIC, each
+# carrying `M/8`, so every NIC carries about `2M/8` — the same as the hierarchical schedule's
+# `2(k-1)/k·M/8`. On rails the flat ring's NVLink and network traffic overlap, so for large
+# buffers it is as fast or faster; the hierarchical schedule wins on **latency** (`2(k-1)` network
+# steps instead of `2(N-1)`), for small messages and many nodes. With one NIC per node, all eight
+# GPUs squeeze through one 50 GB/s port in either schedule. Look for: hierarchical faster at
+# 16 KiB everywhere and slower at 1 GiB on rails; with one NIC per node the flat ring ~8× slower
+# at 1 GiB, and the hierarchical schedule ahead only for a few nodes (`2(k-1)/k` is 1 at `k = 2`).
+
+# %%
+for nics in (8, 1):
+    for nodes in (2, 4, 16):
+        topo = TwoTierCluster(nodes=nodes, gpus_per_node=8, nics_per_node=nics)
+        row = []
+        for nbytes, unit, scale in ((16 * 1024, "µs", 1e6), (1 << 30, "ms", 1e3)):
+            flat = flat_ring_all_reduce_time(nbytes, topo) * scale
+            hier = hierarchical_all_reduce_time(nbytes, topo) * scale
+            row.append(f"{flat:7.1f} vs {hier:6.1f} {unit}")
+        print(
+            f"{nics} NIC(s)/node, {nodes:>2} nodes: flat vs hierarchical  16 KiB: {row[0]}   1 GiB: {row[1]}"
+        )
 
 # %% [markdown]
 # NCCL does this kind of routing itself: at start-up it detects NVLink/NVSwitch, PCIe and NIC
@@ -418,7 +443,9 @@ def lengths_that_disagree():
 print(cluster.run(lengths_that_disagree)[0])
 
 # %% [markdown]
-# The model at full scale, from the cost module (compare 1 GiB over 32 GPUs):
+# The single-link model at full scale, from the cost module: 32 ranks that each reach the next
+# over one 50 GB/s NIC (one tier only — the two-tier picture is above). Compare 16 KiB and 1 GiB:
+# the latency-optimal schedules win the first, the ring the second.
 
 # %%
 ib = Link(alpha_s=5e-6, bandwidth_bytes_per_s=50e9, name="IB NDR")
@@ -428,7 +455,80 @@ for algorithm in ("ring", "recursive_doubling", "rabenseifner", "binary_tree"):
     print(f"{algorithm:>18}: 16 KiB {small:7.1f} µs   1 GiB {large:7.1f} ms")
 
 # %% [markdown]
-# ## 9. Check your understanding
+# ## 9. Summing in BF16 is not exact <a id="reduction-precision"></a>
+#
+# Halving the bytes of a gradient all-reduce by sending BF16 is tempting, and it is often sold as
+# free. It is not exact: a collective *adds in the dtype of its buffer*. In the ring, chunk `c`
+# starts at rank `c+1` and picks up one rank's gradient per hop, and each partial sum is stored
+# back in BF16 (8 bits of mantissa) before it moves on — `N-1` roundings in a row, so the error
+# grows with the number of ranks. A tree adds in pairs, `log₂ N` roundings deep. Accumulating in
+# FP32 and rounding once at the end leaves only that one rounding (the "floor" below).
+#
+# First, on the four ranks: each holds a BF16 gradient-like tensor; we all-reduce it by ring and by
+# recursive doubling (a tree order) in BF16, and by ring in FP32, and compare each with the FP64
+# sum. The one-process replay of the ring's order gives the same bits (checked on every rank), so
+# the second table can replay the order for hundreds of ranks. Look for: FP32 accumulation at the
+# floor at every size; BF16 tree a little above it and flat; BF16 ring growing with the ranks,
+# and — in a full run, which adds 1,024 ranks — falling apart: the running sum grows so large
+# that a rank's contribution is smaller than half a BF16 step and is rounded away (*swamping*).
+
+# %%
+measured = cluster.run(measure_reduction_errors, 4096)
+row = measured[0]
+print(
+    f"{WORLD_SIZE} ranks, measured: ring BF16 {row['ring_bf16']:.2e}, tree BF16 {row.get('tree_bf16', float('nan')):.2e}, "
+    f"ring FP32 {row['ring_fp32']:.2e}, floor {row['rounding_floor']:.2e}; replay identical on "
+    f"every rank: {all(r['ring_matches_simulation'] == 1.0 for r in measured)}"
+)
+ranks = [2, 4, 8, 16, 64, 256] if FAST else [2, 4, 8, 16, 64, 256, 1024]
+table = reduction_error_table(ranks, numel=2048)
+print(f"{'ranks':>6} {'ring BF16':>10} {'tree BF16':>10} {'ring FP32':>10} {'floor':>10}")
+for r in table:
+    print(
+        f"{r['ranks']:>6} {r['ring_bf16']:>10.2e} {r['tree_bf16']:>10.2e} "
+        f"{r['ring_fp32']:>10.2e} {r['rounding_floor']:>10.2e}"
+    )
+
+# %% [markdown]
+# The same table as a figure. What to see: the BF16 ring's line climbing away from the others as
+# ranks grow, the BF16 tree staying close to the floor, and FP32 accumulation on the floor.
+
+# %%
+fig = go.Figure()
+for key, label in (
+    ("ring_bf16", "ring, BF16 adds"),
+    ("tree_bf16", "tree (recursive doubling), BF16 adds"),
+    ("ring_fp32", "ring, FP32 adds, one final rounding"),
+    ("rounding_floor", "exact sum rounded to BF16 (floor)"),
+):
+    fig.add_scatter(
+        x=[r["ranks"] for r in table], y=[r[key] for r in table], name=label, mode="lines+markers"
+    )
+fig.update_layout(
+    template=dtlab.viz.DTLAB_TEMPLATE,
+    title="Relative error of a gradient all-reduce against the FP64 sum",
+    xaxis={"title": {"text": "ranks in the all-reduce (log scale)"}, "type": "log"},
+    yaxis={
+        "title": {"text": "relative error ‖result − exact‖ / ‖exact‖ (log scale)"},
+        "type": "log",
+    },
+    legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
+    margin={"b": 130},
+)
+
+# %% [markdown]
+# What production frameworks let you choose: FSDP's `MixedPrecision(reduce_dtype=torch.float32)`
+# (FSDP2: `MixedPrecisionPolicy(reduce_dtype=...)`), Megatron-LM's
+# `--accumulate-allreduce-grads-in-fp32`, DeepSpeed's `communication_data_type`. Reducing in FP32
+# costs twice the bytes of BF16; reducing in BF16 is a deliberate trade (DDP's
+# `bf16_compress_hook`) whose error grows with the data-parallel degree — state it, do not call
+# it exact.
+
+# %%
+ask("data_parallel.bf16_reduction_not_exact")
+
+# %% [markdown]
+# ## 10. Check your understanding
 
 # %%
 ask("collectives.ring_bytes_per_rank")
@@ -446,10 +546,16 @@ ask("collectives.ring_segments_in_flight")
 ask("collectives.hierarchical_speedup")
 
 # %%
+ask("hardware.flat_ring_on_rails")
+
+# %%
+ask("data_parallel.ring_vs_tree_rounding")
+
+# %%
 ask("collectives.nccl_timeout")
 
 # %% [markdown]
-# ## 10. Shut the cluster down
+# ## 11. Shut the cluster down
 
 # %%
 cluster.close()

@@ -14,7 +14,8 @@
 # 4. a bucket-size sweep: too small pays latency, too big cannot overlap;
 # 5. gradient accumulation with and without `no_sync` — bytes and time;
 # 6. global batch, learning-rate scaling and warm-up;
-# 7. a straggler slowing everyone, and asynchronous SGD trading waiting for staleness.
+# 7. a straggler slowing everyone, and asynchronous SGD trading waiting for staleness;
+# 8. the crossover: how many tokens per GPU it takes for the all-reduce to hide behind backward.
 
 # %%
 import statistics
@@ -28,6 +29,8 @@ import dtlab
 import dtlab.viz
 from dtlab import trace
 from dtlab.config import fast_mode, lab_world_size
+from dtlab.cost import TwoTierCluster, gpu
+from dtlab.cost.crossover import critical_intensity, dp_min_tokens_per_gpu
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import (
     BucketedDDP,
@@ -325,7 +328,9 @@ for cap, r, hidden in sweep:
 
 # %% [markdown]
 # The same numbers as a figure: step time (left axis) and the share of communication hidden
-# behind backward (right axis) against the number of buckets.
+# behind backward (right axis) against the number of buckets. What to see: the hidden share
+# rises as buckets multiply (communication starts during backward) while each extra bucket adds a
+# latency; the legend sits under the plot.
 
 # %%
 fig = go.Figure()
@@ -340,14 +345,15 @@ fig.add_scatter(
 counts = sorted({r["buckets"] for _, r, _ in sweep})
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE,
-    title="Bucket-size sweep",
-    xaxis={"title": {"text": "buckets per step"}, "type": "log", "tickvals": counts},
-    yaxis={"title": {"text": "step ms"}, "rangemode": "tozero"},
+    title="Bucket-size sweep: step time and hidden communication",
+    xaxis={"title": {"text": "buckets per step (log scale)"}, "type": "log", "tickvals": counts},
+    yaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"},
     yaxis2={
-        "title": {"text": "comm hidden behind backward"}, "overlaying": "y", "side": "right",
-        "range": [0, 1], "tickformat": ".0%", "dtick": 0.25,
+        "title": {"text": "communication hidden behind backward (%)"}, "overlaying": "y",
+        "side": "right", "range": [0, 1], "tickformat": ".0%", "dtick": 0.25,
     },
-    legend={"orientation": "h", "x": 0, "y": 1.12},
+    legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
+    margin={"b": 110},
 )  # fmt: skip
 
 # %% [markdown]
@@ -468,7 +474,8 @@ print(f"warm-up schedule, peak 2η: {[round(lr_at(s, 2 * BASE_LR, 3), 4) for s i
 
 # %% [markdown]
 # Loss on a held-out batch against samples seen: same x-axis, so equal progress means overlapping
-# curves.
+# curves. What to see: the larger batch with a scaled learning rate and warm-up tracks the small
+# batch per sample; the one without warm-up starts worse.
 
 # %%
 fig = go.Figure()
@@ -477,8 +484,10 @@ for name, curve in curves.items():
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE,
     title="Same samples, different global batch",
-    xaxis={"title": {"text": "samples seen"}},
-    yaxis={"title": {"text": "held-out loss"}},
+    xaxis={"title": {"text": "samples seen (sequences)"}},
+    yaxis={"title": {"text": "held-out loss (nats per token)"}},
+    legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
+    margin={"b": 130},
 )
 
 # %% [markdown]
@@ -559,7 +568,37 @@ for lr in RATES:
     print(f"{lr:>5} {s1:>16.2f} {l1:>11.3f} {s3:>18.2f} {l3:>11.3f}")
 
 # %% [markdown]
-# ## 9. Check your understanding
+# ## 9. When does the all-reduce hide? The data-parallel crossover <a id="dp-crossover"></a>
+#
+# Overlap only hides the gradient all-reduce if backward takes at least as long. Backward does
+# `4·P·T` FLOPs for `T` tokens per GPU; the ring moves `2(N-1)/N·b·P` bytes per GPU (`b` = 2 for
+# BF16 gradients, 4 for FP32) at the bus bandwidth `B`. Setting the times equal, `P` cancels:
+# `T_min = 2(N-1)/N·b·C / (4·B)` — the GPU's FLOP/s over the link's bytes/s, the *critical
+# intensity*. `B` depends on the topology: NVLink inside a node; across rail-optimised nodes the
+# node's eight 400 Gb/s NICs (8 × 50 = 400 GB/s; NCCL runs one ring per NIC); with one NIC per
+# node, 50 GB/s. Look for: about 2,200 tokens per GPU inside a node, about 2,500 across
+# rail-optimised nodes, eight times that with one NIC per node, and twice as many for an FP32
+# reduction or FSDP's extra all-gather (×1.5). Below the threshold, add tokens per GPU (micro-batch
+# or accumulation) or expect exposed communication.
+
+# %%
+h100 = gpu("h100_sxm")
+print(f"{'topology':<34} {'BF16 grads':>11} {'FP32 grads':>11} {'FSDP BF16':>10}")
+for label, topo in (
+    ("1 node × 8 (NVLink)", TwoTierCluster(1, 8)),
+    ("16 nodes × 8, one NIC per GPU", TwoTierCluster(16, 8)),
+    ("16 nodes × 8, one NIC per node", TwoTierCluster(16, 8, nics_per_node=1)),
+):
+    bf16, fp32 = (dp_min_tokens_per_gpu(h100, topo, grad_bytes=b) for b in (2, 4))
+    fsdp = dp_min_tokens_per_gpu(h100, topo, grad_bytes=2, volume_factor=1.5)
+    print(f"{label:<34} {bf16:>11,.0f} {fp32:>11,.0f} {fsdp:>10,.0f}")
+print(f"critical intensity H100 on NVLink 4: {critical_intensity(h100, 'nvlink4'):,.0f} FLOP/B")
+
+# %%
+ask("data_parallel.dp_crossover_tokens")
+
+# %% [markdown]
+# ## 10. Check your understanding
 
 # %%
 ask("data_parallel.step_order")
@@ -592,7 +631,7 @@ ask("sync_async.compare")
 ask("sync_async.stragglers")
 
 # %% [markdown]
-# ## 10. Shut the cluster down
+# ## 11. Shut the cluster down
 
 # %%
 cluster.close()

@@ -10,6 +10,9 @@
 #    requirements → back-of-envelope numbers → parallelism plan → failure handling. Each stage
 #    ends with a graded checkpoint: you write the calculation, and the grader checks it on the
 #    ranks for a 70B, a 13B and a 7B job, so an answer that only fits one job does not pass.
+#    Then the numbers a senior interviewer probes next: where each parallelism's communication
+#    hides behind compute, how two published runs (Llama 3 405B, DeepSeek-V3) follow from them,
+#    what an honest MFU counts, and what the GPU runtime does underneath.
 #
 # It closes with your mastery per topic, computed from every answer you have recorded.
 
@@ -21,14 +24,27 @@ import plotly.graph_objects as go
 import dtlab
 import dtlab.viz
 from dtlab.cost import (
+    TwoTierCluster,
     bubble_fraction_of_total,
-    cluster_mtbf,
-    expected_waste_fraction,
     gpu,
     training_flops,
-    young_daly_interval,
 )
+from dtlab.cost.caching_allocator import fragmentation_demo
+from dtlab.cost.checkpoint_cost import waste_if_async_is_priced_as_sync
+from dtlab.cost.crossover import (
+    cp_min_block_tokens,
+    critical_intensity,
+    dp_min_tokens_per_gpu,
+    dp_tokens_per_replica,
+    ep_compute_to_comm_ratio,
+    pp_compute_to_p2p_ratio,
+    tp_max_degree,
+)
+from dtlab.cost.mesh_reduction import gradient_reduction_ranks
+from dtlab.cost.mfu import mfu_report
+from dtlab.cost.weight_sync import weight_sync_seconds
 from dtlab.memory import model_state_bytes
+from dtlab.mesh import Layout
 from dtlab.plan import (
     JOBS,
     LLAMA_70B,
@@ -225,8 +241,10 @@ for name, plan in options.items():
 go.Figure(
     go.Bar(x=list(options), y=[memory_per_gpu(req.params, p) / 1e9 for p in options.values()]),
     layout={
-        "title": "70B model state per GPU (80 GB H100 line)",
-        "yaxis": {"title": "GB", "type": "log"},
+        "title": "70B model state per GPU against the 80 GB of an H100 (dotted line)",
+        "xaxis": {"title": "parallelism plan"},
+        "yaxis": {"title": "model state per GPU (GB, log scale)", "type": "log"},
+        "showlegend": False,
         "shapes": [
             {
                 "type": "line",
@@ -337,24 +355,36 @@ ask("system_design.four_oh_five_b_plan")
 #
 # - **detect** — NCCL/collective timeouts and a watchdog turn a dead rank into an error, not a hang;
 # - **restart** — the launcher (torchrun, Slurm) restarts the job on healthy nodes (spares standing by);
-# - **resume** — from the last **sharded checkpoint**, written asynchronously so training barely pauses;
-# - **how often** — Young/Daly: checkpoint every `τ* = sqrt(2·C·MTBF)`, where `C` is the time to
-#   write one checkpoint. Too rarely wastes redone work; too often wastes time writing.
+# - **resume** — from the last **sharded checkpoint**, saved asynchronously so training barely pauses;
+# - **how often** — Young/Daly: checkpoint every `τ* = sqrt(2·C·MTBF)`, where `C` is what one
+#   checkpoint *costs the training loop*. Too rarely wastes redone work; too often wastes time saving.
 #
-# ### Checkpoint 4: the checkpoint interval
+# What `C` is depends on how you save. A checkpoint holds **12 bytes per parameter** (FP32 master
+# weights and Adam's two moments: what resuming needs; the BF16 weights are the master rounded, so
+# a framework that also saves them writes 14 — this workbench always means 12). A *synchronous*
+# save stops training for the whole write, `W = 12·P / storage bandwidth`. An *asynchronous* save
+# stops it only while every GPU copies its `1/n` share to pinned host memory over its PCIe link —
+# the **stall** `S = 12·P / n / PCIe bandwidth` — then a background thread writes to storage while
+# training goes on. So with asynchronous saves `C = S`, not `W`. `W` still matters twice: the next
+# snapshot cannot start before the last one is on storage (`τ ≥ W`), and a failure mid-write loses
+# the work back to the previous finished checkpoint (expected loss `τ/2 + W` per failure).
 #
-# Write `checkpoint_interval_s(req)`: a checkpoint holds **14 bytes per parameter** (bf16 weights,
-# fp32 master copy, Adam's two moments) written at `req.storage_write_bytes_per_s`; each GPU's
-# MTBF is `req.per_gpu_mtbf_hours`. Return the Young/Daly interval in seconds.
+# ### Checkpoint 4: the checkpoint interval <a id="checkpoint-interval"></a>
+#
+# Write `checkpoint_interval_s(req)` for **asynchronous** sharded checkpoints: the stall is
+# `12·req.params / req.n_gpus` bytes at `gpu(req.gpu).host_link.bandwidth_bytes_per_s`; the write
+# is `12·req.params` bytes at `req.storage_write_bytes_per_s`; each GPU's MTBF is
+# `req.per_gpu_mtbf_hours`. Return `max(sqrt(2·S·MTBF), W)` in seconds.
 
 
 # %%
 def checkpoint_interval_s(req: Requirements) -> float:
-    """Young/Daly interval sqrt(2·C·MTBF) for this job, in seconds."""
+    """Young/Daly for asynchronous saves: max(sqrt(2·stall·MTBF), write time), in seconds."""
     # BEGIN SOLUTION
-    write_s = 14 * req.params / req.storage_write_bytes_per_s
+    stall_s = 12 * req.params / req.n_gpus / gpu(req.gpu).host_link.bandwidth_bytes_per_s
+    write_s = 12 * req.params / req.storage_write_bytes_per_s
     mtbf_s = req.per_gpu_mtbf_hours * 3600 / req.n_gpus
-    return math.sqrt(2 * write_s * mtbf_s)
+    return max(math.sqrt(2 * stall_s * mtbf_s), write_s)
     # END SOLUTION
 
 
@@ -362,19 +392,35 @@ def checkpoint_interval_s(req: Requirements) -> float:
 check_exercise("capstone.checkpoint_interval", checkpoint_interval_s, cluster)
 
 # %% [markdown]
-# The numbers behind the answer. Look for: a failure about once a day, a checkpoint every
-# ~20 minutes, and about 1.5% of the run lost to writing checkpoints and redoing work, together
-# (at the optimum the two halves are equal).
+# The numbers behind the answer, synchronous against asynchronous. Look for: a failure about
+# once a day; synchronous saves every ~20 minutes losing ~1.4% of the run; asynchronous saves
+# priced *as if* they were synchronous (the mistake this checkpoint is about) still checkpointing
+# every ~20 minutes and losing ~0.7%, mostly to redone work; and at their own interval, about half
+# a minute, losing under 0.1%.
 
 # %%
-checkpoint_cost_s = 14 * req.params / req.storage_write_bytes_per_s
-mtbf_s = cluster_mtbf(req.per_gpu_mtbf_hours * 3600, req.n_gpus)
-tau = young_daly_interval(checkpoint_cost_s, mtbf_s)
-print(
-    f"checkpoint {14 * req.params / 1e12:.2f} TB takes {checkpoint_cost_s:.1f} s; cluster MTBF {mtbf_s / 3600:.1f} h"
+costs = waste_if_async_is_priced_as_sync(
+    req.params,
+    req.n_gpus,
+    req.per_gpu_mtbf_hours * 3600,
+    req.storage_write_bytes_per_s,
+    gpu(req.gpu).host_link.bandwidth_bytes_per_s,
 )
 print(
-    f"Young/Daly interval {tau / 60:.1f} min; expected waste {expected_waste_fraction(tau, checkpoint_cost_s, mtbf_s):.2%}"
+    f"checkpoint {12 * req.params / 1e12:.2f} TB: write W = {costs['write_s']:.1f} s, "
+    f"stall S = {costs['stall_s'] * 1e3:.1f} ms; cluster MTBF {costs['mtbf_s'] / 3600:.1f} h"
+)
+print(
+    f"synchronous:            every {costs['sync_interval_s'] / 60:5.1f} min, "
+    f"waste {costs['sync_waste']:.2%}"
+)
+print(
+    f"async at that interval: every {costs['sync_interval_s'] / 60:5.1f} min, "
+    f"waste {costs['async_at_sync_interval_waste']:.2%}"
+)
+print(
+    f"async at its own:       every {costs['async_interval_s'] / 60:5.1f} min, "
+    f"waste {costs['async_waste']:.2%}"
 )
 
 # %%
@@ -382,6 +428,214 @@ ask("fault_tolerance.recovery_order")
 
 # %%
 ask("checkpointing.young_daly")
+
+# %%
+ask("system_design.async_checkpoint_interval")
+
+# %% [markdown]
+# ### 3.5 Compute against communication, for every parallelism <a id="crossovers"></a>
+#
+# Every parallelism moves bytes while the GPU computes; the transfer hides when the computation
+# beside it takes at least as long: `FLOPs / C ≥ bytes / B`. So the work must do at least `C/B`
+# FLOPs per byte moved — the hardware's **critical intensity**: ~2,200 FLOP/B for an H100 on
+# NVLink 4, ~19,800 on one 400 Gb/s NIC. Each parallelism's FLOPs-per-byte depends on one size,
+# and solving for it gives a threshold (`dtlab.cost.crossover`):
+#
+# | parallelism | compute | bytes moved | hidden when |
+# |---|---|---|---|
+# | data | backward `4·P·T` | `2(N-1)/N·b·P` per GPU | tokens per replica `T ≥ 2(N-1)/N·b·C/(4B)` |
+# | tensor (MLP) | `4·d·F/t` per token | `2(t-1)/t·b·d` per token | `t ≤ 1 + 2·F·B/(b·C)` |
+# | context (ring) | `4·q·k·d` per block pair | `2·k·d_kv·b` (next K, V) | `q ≥ b·d_kv·C/(2·d·B)` (×2 causal) |
+# | expert | `2·3·d·F_e` per routed token | `2·d·b·(ep-1)/ep` | `3·F_e ≥ b·(ep-1)/ep·C/B` |
+# | pipeline | `24·L·d²` per token | `b·d` per token | `24·L·d ≥ b·C/B` |
+#
+# Look for: DP needs only a few thousand tokens per replica on rail-optimised nodes; TP
+# hides up to degree ~14 on NVLink for a 28,672-wide FFN but only 2 across nodes; a ring-attention
+# block of a few hundred tokens hides on NVLink (GQA shrinks K and V); fine-grained experts
+# (2,048 wide) cannot hide their all-to-all across nodes — the ratio is below 1, which is why
+# DeepSeek-V3 overlaps one micro-batch's all-to-all with another's compute — but can inside a
+# node; and a pipeline stage out-computes its activation send by ~50× even on the network.
+
+# %%
+h100, nodes = gpu("h100_sxm"), TwoTierCluster(16, 8)
+print(f"critical intensity: NVLink {critical_intensity(h100, 'nvlink4'):,.0f} FLOP/B, "
+      f"one NIC {critical_intensity(h100, 'ib_ndr_400'):,.0f} FLOP/B")  # fmt: skip
+print(
+    f"DP  min tokens per replica, 16 rail-optimised nodes: {dp_min_tokens_per_gpu(h100, nodes):,.0f}"
+)
+for where, link in (("NVLink", "nvlink4"), ("network", "ib_ndr_400")):
+    print(
+        f"{where:>8}: TP max degree (F=28,672) {tp_max_degree(28672, h100, link):>3};  "
+        f"CP min block (d=8,192, GQA d_kv=1,024, causal) {cp_min_block_tokens(8192, 1024, h100, link, causal=True):>7,.0f} tokens;  "
+        f"EP compute/comm (F_e=2,048, ep=64, FP8) {ep_compute_to_comm_ratio(2048, 64, h100, link, act_bytes=1):4.2f};  "
+        f"PP compute/p2p (10 layers, d=8,192) {pp_compute_to_p2p_ratio(8192, 10, h100, link):7.1f}"
+    )
+
+# %% [markdown]
+# ### Checkpoint 5: the data-parallel crossover <a id="dp-crossover-exercise"></a>
+#
+# Write `dp_min_tokens(peak_flops, bus_bytes_per_s, ranks, grad_bytes)`: the fewest tokens a
+# data-parallel replica must process per step for its backward pass (`4·P` FLOPs per token, at
+# `peak_flops`) to take as long as the ring all-reduce of its gradients (`2(N-1)/N · grad_bytes · P`
+# bytes per GPU at `bus_bytes_per_s`). The grader tries an H100 cluster with and without rails,
+# an FP32 reduction, and two cases it never shows you.
+
+
+# %%
+def dp_min_tokens(
+    peak_flops: float, bus_bytes_per_s: float, ranks: int, grad_bytes: float
+) -> float:
+    """Tokens per replica at which backward's compute time equals the all-reduce time."""
+    # BEGIN SOLUTION
+    ring_bytes_per_param = 2 * (ranks - 1) / ranks * grad_bytes
+    return ring_bytes_per_param * peak_flops / (4 * bus_bytes_per_s)
+    # END SOLUTION
+
+
+# %%
+check_exercise("capstone.dp_crossover", dp_min_tokens, cluster)
+
+# %%
+ask("performance.tp_max_degree")
+
+# %%
+ask("performance.ep_ratio_across_nodes")
+
+# %% [markdown]
+# ### 3.6 Published runs, read through these numbers <a id="case-studies"></a>
+#
+# **Llama 3 405B** (Llama Team, "The Llama 3 Herd of Models", 2024, Sec. 3.3): 16,384 H100s, eight
+# per node, one 400 Gb/s NIC per GPU (RoCE). Layout TP 8 × CP 1 × PP 16 × DP 128 at 8K context,
+# a 16M-token batch: TP inside the NVLink domain, PP across nodes, FSDP-style DP outermost. Each DP
+# replica sees 16M / 128 ≈ 131K tokens per step — fifty times the DP crossover above, so even an
+# FP32 gradient reduce-scatter (which they use, for numerical stability) hides. Reported: 38–43% BF16 MFU; 466
+# job interruptions in 54 days, over 90% effective training time.
+#
+# **DeepSeek-V3** (DeepSeek-AI, 2024, Sec. 3): 671B parameters, 37B active, 2,048 H800s. No tensor
+# parallelism at all: PP 16 with the DualPipe schedule, EP 64 across 8 nodes, ZeRO-1 DP. Experts are
+# 2,048 wide, so cross-node all-to-all takes about as long as the experts' compute (the paper:
+# "approximately 1:1"). Their answers: route each token to at most 4 nodes (node-limited routing,
+# fewer bytes on the network), FP8 dispatch, overlap one micro-batch's all-to-all with another's
+# compute (DualPipe), and dedicate 20 of the SMs to communication kernels.
+
+# %%
+print(f"Llama 3 405B tokens per DP replica: {dp_tokens_per_replica(16 * 2**20, 128):,.0f}")
+
+# %%
+ask("system_design.llama3_layout")
+
+# %%
+ask("system_design.deepseek_v3_layout")
+
+# %% [markdown]
+# ### 3.7 An honest MFU <a id="honest-mfu"></a>
+#
+# One run, four utilisation numbers, depending on which FLOPs are counted: `6N` only; plus causal
+# attention `6·L·s·d`; plus full-square attention `12·L·s·d` (PaLM's appendix B); or the hardware
+# FLOPs with full recomputation `8N + 16·L·s·d` (an HFU — PaLM reports 46.2% MFU beside 57.8% HFU;
+# Megatron-LM's `96·B·s·l·h²` counts the recomputed forward too). MFU counts what the model needs,
+# against the dense peak. Below, an illustrative throughput for a 405B model at 8K context on
+# 16,384 H100s, chosen so that the `6N` count gives 40% (near Llama 3's reported 38–43%). Look
+# for: the same run reading anywhere from 40% to ~58% depending on what is counted.
+
+# %%
+tokens_per_s = 0.40 * 16384 * h100.bf16_dense_flops / (6 * 405e9)
+report = mfu_report(
+    tokens_per_s=tokens_per_s, n_gpus=16384, peak_flops=h100.bf16_dense_flops,
+    n_params=405e9, n_layers=126, seq_len=8192, d_model=16384,
+)  # fmt: skip
+print(f"{tokens_per_s:,.0f} tokens/s")
+for name, value in report.items():
+    print(f"{name:<30} {value:.1%}")
+
+# %%
+ask("performance.honest_mfu")
+
+# %% [markdown]
+# ### 3.8 What the GPU runtime does underneath <a id="gpu-runtime"></a>
+#
+# Three things an interviewer probes once the plan is on the board:
+#
+# - **The caching allocator.** PyTorch keeps freed blocks for reuse instead of returning them to
+#   the driver: `memory_allocated()` counts live tensors, `memory_reserved()` what the
+#   allocator holds. Reserved minus allocated is cache, and part of it may be *fragmented* — free
+#   blocks too small or in the wrong segments for the next large request, so an OOM can say
+#   "X GiB reserved but unallocated". `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` maps
+#   growing segments in virtual memory so blocks can be extended instead of carved into pieces.
+#   `memory._record_memory_history()` and `memory._dump_snapshot()` record every allocation
+#   with its stack, viewable at pytorch.org/memory_viz.
+# - **Streams and launch order.** Kernels on one stream run in order; across streams only events
+#   order them. NCCL runs on its own streams so communication overlaps compute. The host launches
+#   kernels into a few hardware queues; Megatron-LM sets `CUDA_DEVICE_MAX_CONNECTIONS=1` so there
+#   is one queue and the GPU starts kernels in launch order — the communication kernel launched
+#   before the GEMM it must overlap really is scheduled first.
+# - **Communication kernels use SMs.** An NCCL collective runs as a kernel whose blocks (one per
+#   channel) occupy SMs while they copy and add; a GEMM beside it gets fewer SMs and runs slower,
+#   so "overlapped" communication is not free. Fewer channels (`NCCL_MAX_NCHANNELS`), copy-engine
+#   or switch-based (NVLS/SHARP) transfers leave more SMs for compute; DeepSeek-V3 caps its
+#   communication at 20 SMs.
+
+# %% [markdown]
+# The allocator's rules are simple enough to replay: `dtlab.cost.caching_allocator` models them
+# (best fit, split, merge only inside a segment, release free segments before giving up). Below,
+# each step frees a 150 MiB workspace and keeps a 100 MiB tensor carved out of the cached block,
+# stranding 50 MiB beside it; then a 200 MiB request arrives on a 1 GiB device. Look for: the OOM
+# with over 400 MiB of the device unused and 300 MiB "reserved but unallocated", and the same
+# sequence fitting with expandable segments.
+
+# %%
+for expandable in (False, True):
+    state = fragmentation_demo(capacity_mib=1024, expandable_segments=expandable)
+    print(
+        f"expandable_segments={expandable!s:<5}: allocated {state['allocated_mib']:.0f} MiB, "
+        f"reserved {state['reserved_mib']:.0f} MiB, largest free block "
+        f"{state['largest_free_mib']:.0f} MiB -> 200 MiB request "
+        f"{'fits' if state['request_fits'] else 'OOM: ' + state['error']}"
+    )
+
+# %%
+ask("performance.reserved_vs_allocated")
+
+# %%
+ask("nccl.cuda_device_max_connections")
+
+# %% [markdown]
+# ### 3.9 Beyond one job: meshes, restarts, weight sync <a id="at-scale"></a>
+#
+# - **N-D meshes.** Ranks sit on a grid `(pp, dp, cp, tp)`, `tp` innermost so a TP group is one
+#   node's consecutive GPUs. Each kind of parameter reduces its gradient over a different slice:
+#   dense TP shards over `dp × cp`; LayerNorm weights replicated across TP also over `tp` when
+#   sequence parallelism split the sequence among them; experts over the expert-data-parallel
+#   group. Global gradient-norm clipping sums each rank's squared norm over the model-parallel
+#   ranks, counting replicated parameters once. **Hybrid sharding** (HSDP) is a 2-D DP mesh: shard
+#   inside a node, replicate across nodes.
+# - **Elastic and in-job recovery.** `torchrun --nnodes=MIN:MAX` restarts every worker from the
+#   last checkpoint when membership changes; in-job fault tolerance (e.g. torchft) lets the
+#   surviving replicas of a replicated dimension finish a step without the failed one, then
+#   brings a replacement back by copying a peer's state.
+# - **Resharding checkpoints.** Distributed checkpoints save each shard with its global offsets,
+#   so a job with a different layout reads exactly the slices it now owns.
+# - **RL weight sync.** In on-policy RL post-training the trainer's new weights must reach the
+#   inference engine each step: `2·P` bytes in BF16, resharded to the engine's layout.
+# - **Local SGD / DiLoCo.** Where links are slow (across data centres), replicas take `H` steps
+#   alone and then average the change in weights, applied by an outer optimizer: one all-reduce
+#   per `H` steps instead of every step, at a cost in optimisation that must be measured.
+# - **Numerics at scale.** Long runs meet loss spikes: output logits or attention logits drift
+#   large and the softmax becomes ill-conditioned in low precision. Guards chosen before the run —
+#   z-loss (a `10⁻⁴·log²Z` penalty on the softmax normaliser, PaLM), QK-norm (normalise queries and
+#   keys, ViT-22B, OLMo 2), gradient clipping — and a response during it: rewind to a checkpoint
+#   before the spike and skip the batches around it (PaLM).
+
+# %%
+layout = Layout(dp=4, tp=8, pp=2)
+for kind in ("dense", "tp_replicated", "tp_replicated_sp"):
+    print(f"{kind:<17} rank 0 reduces with ranks {gradient_reduction_ranks(layout, kind, 0)}")
+print(
+    f"70B BF16 weights over one node's 400 GB/s: {weight_sync_seconds(70e9, 400e9):.2f} s per sync"
+)
+
+# %%
+ask("data_parallel.reduce_groups_mesh")
 
 # %% [markdown]
 # ### Put it all together

@@ -6,17 +6,47 @@ from __future__ import annotations
 import math
 
 import dtlab
+from dtlab.cost import gpu
 from dtlab.plan import LLAMA_70B, ParallelPlan, plan_problems
-from dtlab.plan import checkpoint_interval_s as reference_checkpoint_interval_s
 from dtlab.plan import days_to_train as reference_training_days
 from dtlab.plan import state_bytes_per_gpu as reference_memory_per_gpu
 from dtlab.quiz import check_exercise
+from dtlab.quiz.graders.capstone import async_checkpoint_interval_for
 
 
 def test_reference_numbers_match_the_back_of_envelope():
     assert math.isclose(reference_training_days(LLAMA_70B), 12.0, rel_tol=0.01)
     assert reference_memory_per_gpu(70e9, ParallelPlan(dp=1, tp=1, pp=1, zero_stage=0)) == 1.12e12
-    assert math.isclose(reference_checkpoint_interval_s(LLAMA_70B) / 60, 21.9, rel_tol=0.01)
+    # async saves: 840 GB / 2048 GPUs over 63 GB/s PCIe = 6.5 ms stall, MTBF 24.4 h -> ~34 s
+    assert math.isclose(async_checkpoint_interval_for(LLAMA_70B), 33.8, rel_tol=0.01)
+
+
+def _async_interval(req):
+    stall = 12 * req.params / req.n_gpus / gpu(req.gpu).host_link.bandwidth_bytes_per_s
+    write = 12 * req.params / req.storage_write_bytes_per_s
+    return max(math.sqrt(2 * stall * req.per_gpu_mtbf_hours * 3600 / req.n_gpus), write)
+
+
+def test_the_async_interval_passes_and_the_sync_one_is_explained(cluster2):
+    result = check_exercise("capstone.checkpoint_interval", _async_interval, cluster2, record=False)
+    assert result, result.message
+
+    def synchronous(req):
+        write = 12 * req.params / req.storage_write_bytes_per_s
+        return math.sqrt(2 * write * req.per_gpu_mtbf_hours * 3600 / req.n_gpus)
+
+    result = check_exercise("capstone.checkpoint_interval", synchronous, cluster2, record=False)
+    assert not result and "the cost in Young/Daly is that stall" in result.message
+
+    def without_the_write_floor(req):
+        stall = 12 * req.params / req.n_gpus / gpu(req.gpu).host_link.bandwidth_bytes_per_s
+        return math.sqrt(2 * stall * req.per_gpu_mtbf_hours * 3600 / req.n_gpus)
+
+    # with 2 GB/s storage one write (420 s) outlasts sqrt(2·S·MTBF): the floor binds there
+    result = check_exercise(
+        "capstone.checkpoint_interval", without_the_write_floor, cluster2, record=False
+    )
+    assert not result and "2 GB/s storage" in result.message
 
 
 def test_plan_problems_name_every_broken_constraint():
@@ -105,3 +135,30 @@ def test_a_plan_from_the_planners_own_search_fails(cluster2):
     result = check_exercise("capstone.choose_plan", lambda req: search(req), cluster2, record=False)
     assert not result
     assert "your function calls dtlab.plan.first_plan_that_fits" in result.message
+
+
+def test_the_dp_crossover_grader_accepts_the_formula_and_explains_the_step_mistake(cluster2):
+    def right(peak, bus, ranks, grad_bytes):
+        return 2 * (ranks - 1) / ranks * grad_bytes * peak / (4 * bus)
+
+    result = check_exercise("capstone.dp_crossover", right, cluster2, record=False)
+    assert result, result.message
+
+    def whole_step(peak, bus, ranks, grad_bytes):
+        return 2 * (ranks - 1) / ranks * grad_bytes * peak / (6 * bus)
+
+    result = check_exercise("capstone.dp_crossover", whole_step, cluster2, record=False)
+    assert not result and "overlaps *backward*" in result.message
+
+    def large_n_only(peak, bus, ranks, grad_bytes):  # drops 2(N-1)/N: wrong for few ranks
+        return 2 * grad_bytes * peak / (4 * bus)
+
+    result = check_exercise("capstone.dp_crossover", large_n_only, cluster2, record=False)
+    assert not result and "8 ranks" in result.message
+
+    from dtlab.cost.crossover import dp_min_tokens_for as library
+
+    result = check_exercise(
+        "capstone.dp_crossover", lambda *case: library(*case), cluster2, record=False
+    )
+    assert not result and "dtlab.cost.crossover.dp_min_tokens_for" in result.message

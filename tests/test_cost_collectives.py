@@ -87,8 +87,8 @@ def test_fit_keeps_alpha_non_negative():
     assert fitted.alpha_s >= 0
 
 
-def test_hierarchical_all_reduce_beats_the_flat_ring_across_nodes():
-    cluster = TwoTierCluster(nodes=4, gpus_per_node=8)
+def test_hierarchical_all_reduce_time_is_its_three_phases_on_rails():
+    cluster = TwoTierCluster(nodes=4, gpus_per_node=8)  # one NIC per GPU
     m = 1 << 30
     g, k = 8, 4
     inside = 2 * (g - 1) * (cluster.intra.alpha_s + m / g / cluster.intra.bandwidth_bytes_per_s)
@@ -97,7 +97,10 @@ def test_hierarchical_all_reduce_beats_the_flat_ring_across_nodes():
         + 2 * (k - 1) / k * m / g / cluster.inter.bandwidth_bytes_per_s
     )
     assert hierarchical_all_reduce_time(m, cluster) == pytest.approx(inside + across)
-    assert hierarchical_speedup(m, cluster) > 4
+    # On a rail-optimised fabric the flat ring (one ring per NIC) is not beaten on bandwidth...
+    assert hierarchical_speedup(m, cluster) < 1
+    # ...only on latency, for small messages
+    assert hierarchical_speedup(16 * 1024, cluster) > 4
 
 
 def _record(algorithm: str, nbytes: int, seconds: float, n: int = 4) -> BenchRecord:

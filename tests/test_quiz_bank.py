@@ -208,3 +208,63 @@ def test_every_example_in_the_authors_readme_is_a_valid_item(tmp_path):
     bank = load_bank(tmp_path)
     assert sorted(item.kind for item in bank.values()) == sorted(KINDS)
     assert reference_problems(bank) == []
+
+
+# -- what the bank teaches: regressions for defects found in review (issue 21) ----------------
+
+
+def _taught_text(item) -> str:
+    """What the bank presents as true: prompt, explanation, answer and the correct options."""
+    right = [c.text + " " + c.why for c in item.choices if c.correct]
+    answer = item.answer if isinstance(item.answer, str) else ""
+    return " ".join([item.prompt, item.explanation, answer, *right])
+
+
+def test_no_item_teaches_that_a_bf16_reduction_is_exact():
+    wrong = re.compile(
+        r"exact means \(BF16|BF16 gradients[^.]*\bexact\b|\bexact\b[^.]*BF16 gradients"
+    )
+    offenders = [item.id for item in load_bank().values() if wrong.search(_taught_text(item))]
+    assert not offenders, f"these items present BF16 gradient reduction as exact: {offenders}"
+
+
+def test_busbw_is_not_taught_as_what_the_link_carries():
+    offenders = [
+        item.id
+        for item in load_bank().values()
+        if re.search(r"busbw is what the link actually carries", _taught_text(item))
+    ]
+    assert not offenders, f"busbw is a ring normalisation, not a wire measurement: {offenders}"
+
+
+def test_nccl_debugging_variables_are_taught_by_one_item():
+    holders = [
+        item.id
+        for item in load_bank().values()
+        if sum("NCCL_IB_DISABLE" in c.text for c in item.choices) >= 1
+        and sum("NCCL_P2P_DISABLE" in c.text for c in item.choices) >= 1
+    ]
+    assert len(holders) == 1, f"duplicate NCCL environment-variable items: {holders}"
+
+
+def test_checkpoint_keys_use_the_12_byte_convention():
+    odd = [
+        item.id
+        for item in load_bank().values()
+        if item.kind == "numeric"
+        and "checkpoint" in item.key.call
+        and item.key.kwargs.get("bytes_per_param", 12) != 12
+    ]
+    assert not odd, f"checkpoints are 12 B/param everywhere (dtlab.cost.checkpoint_cost): {odd}"
+
+
+def test_multi_node_items_state_the_nic_topology():
+    # every key priced on a multi-node TwoTierCluster says how many NICs a node has
+    unstated = [
+        item.id
+        for item in load_bank().values()
+        if item.kind == "numeric"
+        and "TwoTierCluster" in repr(item.key)
+        and not re.search(r"NIC|rail", item.prompt)
+    ]
+    assert not unstated, f"state one NIC per GPU (or per node) in the prompt: {unstated}"

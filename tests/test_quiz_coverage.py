@@ -78,18 +78,70 @@ def test_every_seed_question_is_covered_by_an_item(bank, manifest):
     assert not missing, "seed questions with no quiz item:\n  " + "\n  ".join(missing)
 
 
-def test_seed_tags_in_owned_items_exist_in_the_manifest(bank, manifest):
+def test_seed_tags_in_every_item_exist_in_the_manifest(bank, manifest):
     unknown = sorted(
         f"{item.id}: {tag}"
-        for item in owned(bank)
+        for item in bank.values()
         for tag in item.source
         if tag.startswith("seed:") and tag not in manifest
     )
     assert not unknown, "typo'd or unlisted seed tags:\n  " + "\n  ".join(unknown)
 
 
-def test_bank_holds_at_least_150_items(bank):
-    assert len(bank) >= 150
+def test_bank_holds_at_least_240_items(bank):
+    assert len(bank) >= 240
+
+
+def _manifest_file() -> dict:
+    return yaml.safe_load(MANIFEST.read_text())
+
+
+def _cover_problem(cover: object, bank) -> str | None:
+    """Why ``covered_by`` does not resolve, or None: a lab section or a bank item."""
+    if not isinstance(cover, str):
+        return "has no covered_by"
+    if cover.startswith("item:"):
+        return None if cover[5:] in bank else f"names no bank item: {cover}"
+    m = re.fullmatch(r"lab:(\d{2})#([a-z0-9-]+)", cover)
+    if not m:
+        return f"covered_by {cover!r} is neither lab:NN#anchor nor item:<id>"
+    anchors = _lab_anchors(m.group(1))
+    if anchors is None or m.group(2) not in anchors:
+        return f"points at a lab section that does not exist: {cover}"
+    return None
+
+
+def test_every_manifest_entry_is_covered_by_a_teaching_lab_section(bank):
+    pages = _manifest_file()["manifest"]
+    problems = [
+        f"{e['tag']}: {problem}"
+        for page in pages
+        for e in page["entries"]
+        if (problem := _cover_problem(e.get("covered_by"), bank))
+    ]
+    assert not problems, "\n  ".join(["manifest entries not covered:", *problems])
+
+
+def test_every_interview_topic_has_sources_a_teaching_section_and_items(bank):
+    topics = _manifest_file()["topics"]
+    tags = [t["tag"] for t in topics]
+    assert len(tags) == len(set(tags)) and all(t.startswith("topic:") for t in tags)
+    problems = [
+        f"{t['tag']}: {p}" for t in topics if (p := _cover_problem(t.get("covered_by"), bank))
+    ]
+    problems += [f"{t['tag']}: no sources" for t in topics if not t.get("sources")]
+    tagged = {tag for item in bank.values() for tag in item.source}
+    problems += [f"{t}: no item carries this tag" for t in tags if t not in tagged]
+    unknown = sorted(
+        f"{item.id}: {tag}"
+        for item in bank.values()
+        for tag in item.source
+        if tag.startswith("topic:") and tag not in tags
+    )
+    problems += [f"unlisted topic tag {u}" for u in unknown]
+    assert not problems, "\n  ".join(["interview topics:", *problems])
+    on_topics = [i for i in bank.values() if any(tag in tags for tag in i.source)]
+    assert len(on_topics) >= 60, f"only {len(on_topics)} items on the interview topics"
 
 
 def test_every_topic_named_in_the_issue_has_items(bank):

@@ -12,6 +12,14 @@ predictions come from here and are printed next to the measured values they pred
 * :mod:`~dtlab.cost.collectives`, :mod:`~dtlab.cost.trees`, :mod:`~dtlab.cost.tuner` — every
   collective schedule's α-β time and bytes per rank, the double binary tree's shape, and the
   tuner that picks the fastest schedule (``algorithm="auto"``).
+* :mod:`~dtlab.cost.hierarchy` — the two-tier cluster: NVLink inside, one 400 Gb/s NIC per GPU on
+  rails between nodes (``nics_per_node=1`` for the one-NIC box), leaves and spine.
+* :mod:`~dtlab.cost.crossover` — where communication hides behind compute, for DP, TP, CP, EP, PP.
+* :mod:`~dtlab.cost.checkpoint_cost` — 12 B/param checkpoints; Young/Daly for async saves.
+* :mod:`~dtlab.cost.mfu`, :mod:`~dtlab.cost.mesh_reduction`, :mod:`~dtlab.cost.nccl_protocols`,
+  :mod:`~dtlab.cost.weight_sync` — MFU conventions, which group reduces which gradient, NCCL
+  protocols and busbw, RL weight sync and local SGD; :mod:`~dtlab.cost.caching_allocator` models
+  PyTorch's caching allocator (reserved vs allocated, fragmentation, expandable segments).
 """
 
 from dtlab.cost.alpha_beta import Link, ring_allreduce_time

@@ -147,3 +147,10 @@ def gpt_param_count(
 def gpt_param_count_approx(n_layers: int, d_model: int, vocab_size: int) -> int:
     """The back-of-the-envelope count ``12·n_layers·d² + vocab·d`` (tied embeddings, no biases)."""
     return 12 * n_layers * d_model * d_model + vocab_size * d_model
+
+
+def tokens_per_second_at_mfu(mfu: float, n_params: float, n_gpus: int, peak_flops: float) -> float:
+    """The throughput at which a run's ``6N``-only MFU equals ``mfu``: ``mfu · n_gpus · peak / 6N``."""
+    if not 0 < mfu <= 1 or n_params <= 0 or n_gpus < 1 or peak_flops <= 0:
+        raise ValueError("need 0 < mfu <= 1, n_params > 0, n_gpus >= 1 and peak_flops > 0")
+    return mfu * n_gpus * peak_flops / (6 * n_params)

@@ -33,6 +33,13 @@ GPUs (dense tensor-core peaks; NVIDIA headline figures "with sparsity" are exact
   figure**; FP8 dense 1,979 (3,958 sparse). 80 GB HBM3 at 3.35 TB/s. Sources: NVIDIA H100 datasheet;
   H100 architecture whitepaper, which gives the unrounded 989.4 / 1,978.9.
 * **H200 SXM**: the same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s. Source: NVIDIA H200 datasheet.
+
+Host links: H100/H200 SXM attach to the host over PCIe Gen5 x16, A100 SXM4 over PCIe Gen4 x16
+(the datasheets' "PCIe Gen5: 128 GB/s" and "PCIe Gen4: 64 GB/s" are bidirectional totals).
+
+**Network topology.** One NIC per GPU, rail-optimised (NVIDIA DGX H100 / DGX SuperPOD reference
+architecture: eight ConnectX-7 400 Gb/s ports per node, NIC ``j`` of every node on rail ``j``);
+:class:`dtlab.cost.hierarchy.TwoTierCluster` models it and the one-NIC-per-node alternative.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ class GPUSpec:
         hbm_bytes: memory capacity in decimal bytes.
         hbm_bandwidth_bytes_per_s: memory bandwidth in decimal bytes per second.
         nvlink: the GPU's NVLink, per direction.
+        host_link: the GPU's PCIe link to host memory, per direction (what a device-to-host
+            snapshot of the training state, e.g. for an asynchronous checkpoint, runs at).
     """
 
     name: str
@@ -89,14 +98,17 @@ class GPUSpec:
     hbm_bytes: float
     hbm_bandwidth_bytes_per_s: float
     nvlink: Link
+    host_link: Link = PCIE_GEN5_X16
 
 
 A100_40GB = GPUSpec(
-    "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40 * GB, 1555 * GB, NVLINK3_A100
-)
+    "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40 * GB, 1555 * GB, NVLINK3_A100,
+    PCIE_GEN4_X16,
+)  # fmt: skip
 A100_80GB = GPUSpec(
-    "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 80 * GB, 2039 * GB, NVLINK3_A100
-)
+    "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 80 * GB, 2039 * GB, NVLINK3_A100,
+    PCIE_GEN4_X16,
+)  # fmt: skip
 H100_SXM = GPUSpec(
     "H100 SXM5 80GB",
     989.4 * TFLOP,

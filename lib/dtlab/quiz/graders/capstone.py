@@ -7,7 +7,13 @@ The learner answers the four stages of the design interview as four small functi
 2. ``memory_per_gpu(params, plan)`` — model-state bytes on one GPU: TP × PP split the model,
    ZeRO shards its state over DP (Rajbhandari et al. 2020, Sec. 5).
 3. ``choose_plan(req)`` — a ``ParallelPlan`` that fits, checked by ``plan_problems``.
-4. ``checkpoint_interval_s(req)`` — Young/Daly ``sqrt(2·C·MTBF)`` for this job.
+4. ``checkpoint_interval_s(req)`` — Young/Daly for this job's *asynchronous* checkpoints: the
+   cost term is the blocking stall (each GPU's 12 B/param share copied to host over PCIe), and
+   the interval is never shorter than one background write (:mod:`dtlab.cost.checkpoint_cost`).
+
+and one more for the numbers behind the plan: ``dp_min_tokens(peak, bus, ranks, grad_bytes)``,
+the data-parallel crossover — the fewest tokens per replica for backward to hide the gradient
+all-reduce (:mod:`dtlab.cost.crossover`; Austin et al. 2025, "How to Scale Your Model").
 
 The jobs, the plan and every reference answer are the planner's, :mod:`dtlab.plan`; this module
 holds only the grading: which cases run, what counts as the library's answer, and two jobs the
@@ -18,7 +24,8 @@ Each grader runs the learner's function **on every rank** of the cluster over th
 answers — fails, and requires every rank to agree: in a real job every
 rank derives the plan from the same config, and two ranks that disagree build mismatched groups.
 A function that calls the library's own answer — ``dtlab.cost.training_days``,
-``dtlab.memory.model_state_bytes``, ``dtlab.cost.young_daly_interval``, or the planner's
+``dtlab.memory.model_state_bytes``, ``dtlab.cost.young_daly_interval``,
+:mod:`dtlab.cost.checkpoint_cost`, or the planner's
 ``dtlab.plan`` functions — fails too, under whatever name it was imported
 (:func:`~dtlab.quiz.graders.watch.noticing_calls`): the formula is the skill. ``plan_problems``,
 the interviewer's checklist, stays allowed in ``choose_plan``: the skill there is the search order
@@ -29,10 +36,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from dtlab.cost import gpu, young_daly_interval
 from dtlab.cost import training_days as cost_training_days
-from dtlab.cost import young_daly_interval
+from dtlab.cost.checkpoint_cost import (
+    async_checkpoint_interval_s,
+    async_checkpoint_stall_s,
+    sync_checkpoint_cost_s,
+)
+from dtlab.cost.crossover import critical_intensity, dp_min_tokens_for, dp_min_tokens_per_gpu
 from dtlab.memory import fsdp2_state_bytes, model_state_bytes
 from dtlab.plan import (
     JOBS,
@@ -62,6 +76,10 @@ UNSEEN_JOBS = (
     ),
 )  # fmt: skip
 GRADED_JOBS = JOBS + UNSEEN_JOBS  # the lab's three jobs, and two it never shows
+# Checkpoint cadence only: storage so slow that one background write outlasts sqrt(2·S·MTBF).
+SLOW_STORAGE_JOB = replace(
+    JOBS[0], name="70B on 2048 H100, 2 GB/s storage", storage_write_bytes_per_s=2e9
+)
 
 
 # -- graders ------------------------------------------------------------------------------
@@ -176,6 +194,16 @@ def grade_choose_plan(fn: Callable, cluster: Any) -> GradeResult:
     )
 
 
+def async_checkpoint_interval_for(req: Requirements) -> float:
+    """The reference answer: ``max(sqrt(2·S·MTBF), W)`` with the stall ``S`` of every GPU copying
+    its 12 B/param share to host memory over its PCIe link, ``W`` the background write."""
+    stall = async_checkpoint_stall_s(
+        req.params, req.n_gpus, gpu(req.gpu).host_link.bandwidth_bytes_per_s
+    )
+    write = sync_checkpoint_cost_s(req.params, req.storage_write_bytes_per_s)
+    return async_checkpoint_interval_s(stall, write, req.per_gpu_mtbf_hours * 3600 / req.n_gpus)
+
+
 @exercise(
     "capstone.checkpoint_interval", title="Failure handling: checkpoint interval", world_size=2
 )
@@ -183,11 +211,59 @@ def grade_checkpoint_interval(fn: Callable, cluster: Any) -> GradeResult:
     answers_of = {
         young_daly_interval: "dtlab.cost.young_daly_interval",
         checkpoint_interval_s: "dtlab.plan.checkpoint_interval_s",
+        async_checkpoint_interval_s: "dtlab.cost.checkpoint_cost.async_checkpoint_interval_s",
+        async_checkpoint_stall_s: "dtlab.cost.checkpoint_cost.async_checkpoint_stall_s",
+        async_checkpoint_interval_for: "dtlab.quiz.graders.capstone.async_checkpoint_interval_for",
     }
-    write = "write sqrt(2 · checkpoint seconds · cluster MTBF seconds) yourself"
-    got = _run_on_every_rank(fn, [(job,) for job in GRADED_JOBS], cluster, answers_of, write)
-    want = [checkpoint_interval_s(job) for job in GRADED_JOBS]
-    details = _compare_numbers(
-        "checkpoint interval (s)", [j.name for j in GRADED_JOBS], got, want, 0.01
+    write = "write max(sqrt(2 · stall seconds · cluster MTBF seconds), write seconds) yourself"
+    jobs = (*GRADED_JOBS, SLOW_STORAGE_JOB)
+    got = _run_on_every_rank(fn, [(job,) for job in jobs], cluster, answers_of, write)
+    want = [async_checkpoint_interval_for(job) for job in jobs]
+    synchronous = [checkpoint_interval_s(job) for job in jobs]
+    if got and all(
+        isinstance(g, (int, float)) and math.isclose(g, s, rel_tol=0.2)
+        for g, s in zip(got, synchronous, strict=False)
+    ):
+        raise AssertionError(
+            "these are synchronous intervals: with asynchronous saves training only stops for the "
+            "copy to host memory, so the cost in Young/Daly is that stall, not the full write"
+        )
+    details = _compare_numbers("checkpoint interval (s)", [j.name for j in jobs], got, want, 0.01)
+    return GradeResult(
+        True, "max(sqrt(2 · stall · cluster MTBF), write time) for every job.", details
     )
-    return GradeResult(True, "sqrt(2 · checkpoint cost · cluster MTBF) for every job.", details)
+
+
+# Crossover cases: (peak FLOP/s, bus bandwidth B/s, ranks, gradient bytes). The last two are
+# never shown in the lab: an A100 node, and a two-rank FP32 reduction over one NIC.
+CROSSOVER_CASES = (
+    (989.4e12, 400e9, 128, 2),  # H100, 16 rail-optimised nodes, BF16 reduction
+    (989.4e12, 50e9, 128, 2),  # the same with one NIC per node
+    (989.4e12, 400e9, 128, 4),  # FP32 reduction
+    (312e12, 300e9, 8, 2),  # A100 node, NVLink 3
+    (989.4e12, 50e9, 2, 4),  # two ranks, FP32, one NIC
+)
+
+
+@exercise("capstone.dp_crossover", title="Compute vs communication: the DP crossover", world_size=2)
+def grade_dp_crossover(fn: Callable, cluster: Any) -> GradeResult:
+    answers_of = {
+        dp_min_tokens_for: "dtlab.cost.crossover.dp_min_tokens_for",
+        dp_min_tokens_per_gpu: "dtlab.cost.crossover.dp_min_tokens_per_gpu",
+        critical_intensity: "dtlab.cost.crossover.critical_intensity",
+    }
+    write = "set backward's 4·P·T FLOPs against the ring's 2(N-1)/N·b·P bytes yourself"
+    got = _run_on_every_rank(fn, list(CROSSOVER_CASES), cluster, answers_of, write)
+    want = [dp_min_tokens_for(*case) for case in CROSSOVER_CASES]
+    labels = [
+        f"{c / 1e12:.0f} TFLOP/s, {b / 1e9:.0f} GB/s, {n} ranks, {g} B/grad"
+        for c, b, n, g in CROSSOVER_CASES
+    ]
+    for label, g, w in zip(labels, got, want, strict=True):
+        if isinstance(g, int | float) and math.isclose(float(g), w * 4 / 6, rel_tol=0.01):
+            raise AssertionError(
+                f"{label}: {g:.6g} is 2/3 of the threshold — the all-reduce overlaps *backward* "
+                "(4·P·T FLOPs), not the whole step (6·P·T)"
+            )
+    details = _compare_numbers("minimum tokens per replica", labels, got, want, 0.01)
+    return GradeResult(True, "2(N-1)/N · b · C / (4·B) for every case.", details)

@@ -1,0 +1,45 @@
+"""NCCL's three wire protocols and four all-reduce algorithms, as the cost model sees them.
+
+**Protocols** (how a chunk crosses a link; NCCL source ``src/include/device.h`` and the NCCL
+environment-variable docs for ``NCCL_PROTO``):
+
+* **Simple** — large chunks, a memory fence and a flag per chunk: full link bandwidth, but the
+  fence costs a few microseconds per step. Wins for large messages.
+* **LL** (low latency) — 8-byte stores that carry 4 bytes of data and a 4-byte flag, so the
+  receiver polls the data itself, no fence: the lowest latency, **half** the bandwidth.
+  Wins for small messages (a few KiB).
+* **LL128** — 128-byte lines with 120 bytes of data and an 8-byte flag: near-LL latency at
+  ``120/128 ≈ 94%`` of the bandwidth. Needs hardware that keeps 128-byte stores in order
+  (NVLink); NCCL enables it only where that holds. Wins in the middle range.
+
+**Algorithms** (``NCCL_ALGO``): **Ring** (bandwidth-optimal, ``2(N-1)`` latency steps),
+**Tree** (double binary tree, ``O(log N)`` steps: small and medium messages at scale),
+**NVLS** (NVLink SHARP: the NVSwitch reduces and multicasts; H100 and later), **CollNet** (SHARP in
+InfiniBand switches across nodes). With NVLS or CollNet the switch does the adding, so each GPU
+sends about ``M`` and receives about ``M`` instead of ``2(N-1)/N·M`` each way; nccl-tests still
+reports ``busbw = algbw · 2(N-1)/N``, which can then exceed the link's bandwidth: busbw is a
+normalisation for comparing with the ring, not what the link carries.
+"""
+
+from __future__ import annotations
+
+PAYLOAD_FRACTION = {"simple": 1.0, "ll": 4 / 8, "ll128": 120 / 128}
+"""Share of each transfer that is data (the rest is flags)."""
+
+
+def protocol_bandwidth(protocol: str, link_bytes_per_s: float) -> float:
+    """Data bandwidth (bytes/s) a protocol gets from a link of ``link_bytes_per_s``."""
+    key = protocol.strip().lower()
+    if key not in PAYLOAD_FRACTION:
+        raise ValueError(f"unknown NCCL protocol {protocol!r}; choose one of Simple, LL, LL128")
+    if link_bytes_per_s <= 0:
+        raise ValueError(f"link bandwidth {link_bytes_per_s} must be > 0 bytes/s")
+    return PAYLOAD_FRACTION[key] * link_bytes_per_s
+
+
+def in_network_busbw(nbytes: float, seconds: float, n: int) -> dict[str, float]:
+    """``busbw`` as nccl-tests reports it and ``sent_per_gpu`` (bytes/s each GPU actually sent)
+    for an all-reduce the switch reduced (NVLS/SHARP): ``M/t · 2(N-1)/N`` against ``M/t``."""
+    if seconds <= 0 or n < 2:
+        raise ValueError(f"need seconds > 0 and n >= 2, got {seconds}, {n}")
+    return {"busbw": nbytes / seconds * 2 * (n - 1) / n, "sent_per_gpu": nbytes / seconds}
