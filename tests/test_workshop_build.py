@@ -279,6 +279,7 @@ AUDITED_LABS = (
     "07_mixture_of_experts",
     "08_mixed_precision",
     "09_activation_memory",
+    "10_checkpointing",
     "11_composition",
     "12_capstone",
 )  # add each lab here once its text is audited (#11)

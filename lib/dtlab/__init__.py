@@ -43,10 +43,12 @@ __all__ = [
 
 
 _SUBMODULES = {
+    "checkpoint",
     "collectives",
     "comm",
     "config",
     "cost",
+    "faults",
     "memory",
     "mesh",
     "models",

@@ -22,7 +22,11 @@ waste ``S/τ + (τ/2 + W)/MTBF`` (:func:`async_expected_waste_fraction`).
 
 from __future__ import annotations
 
-from dtlab.cost.reliability import young_daly_interval
+from dtlab.cost.reliability import (
+    expected_waste_fraction_async,
+    young_daly_interval,
+    young_daly_interval_async,
+)
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 """FP32 master weights + Adam m + Adam v: what resuming mixed-precision Adam needs."""
@@ -66,7 +70,7 @@ def async_checkpoint_interval_s(stall_s: float, write_s: float, mtbf_s: float) -
     """Young/Daly with the stall as the cost, no shorter than one background write:
     ``max(sqrt(2·S·MTBF), W)``."""
     _check(stall_s=stall_s, write_s=write_s, mtbf_s=mtbf_s)
-    return max(young_daly_interval(stall_s, mtbf_s), write_s)
+    return young_daly_interval_async(stall_s, write_s, mtbf_s)
 
 
 def async_expected_waste_fraction(
@@ -76,7 +80,7 @@ def async_expected_waste_fraction(
     _check(interval_s=interval_s, mtbf_s=mtbf_s)
     if stall_s < 0 or write_s < 0:
         raise ValueError(f"stall {stall_s} s and write {write_s} s must be >= 0")
-    return stall_s / interval_s + (interval_s / 2 + write_s) / mtbf_s
+    return expected_waste_fraction_async(interval_s, stall_s, write_s, mtbf_s)
 
 
 def sync_vs_async_interval_ratio(stall_s: float, write_s: float, mtbf_s: float) -> float:

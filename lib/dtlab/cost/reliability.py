@@ -39,3 +39,24 @@ def expected_waste_fraction(interval_s: float, checkpoint_cost_s: float, mtbf_s:
     if interval_s <= 0 or checkpoint_cost_s < 0 or mtbf_s <= 0:
         raise ValueError("interval and MTBF must be > 0 and checkpoint cost >= 0 (seconds)")
     return checkpoint_cost_s / interval_s + interval_s / (2 * mtbf_s)
+
+
+def expected_waste_fraction_async(
+    interval_s: float, blocking_s: float, write_s: float, mtbf_s: float
+) -> float:
+    """First-order waste with *asynchronous* saves: ``C_b/τ + (τ/2 + W)/MTBF``.
+
+    Training stalls only for the blocking snapshot ``C_b``; the write of ``W`` seconds overlaps
+    training but a checkpoint is durable only once written, so a failure loses on average
+    ``τ/2 + W`` of work. ``W`` does not depend on ``τ``, so the optimum is Young/Daly with the
+    *blocking* cost: ``τ* = sqrt(2·C_b·MTBF)`` (valid while ``W < τ``: one write in flight).
+    """
+    if interval_s <= 0 or blocking_s < 0 or write_s < 0 or mtbf_s <= 0:
+        raise ValueError("interval and MTBF must be > 0, blocking and write times >= 0 (seconds)")
+    return blocking_s / interval_s + (interval_s / 2 + write_s) / mtbf_s
+
+
+def young_daly_interval_async(blocking_s: float, write_s: float, mtbf_s: float) -> float:
+    """Young/Daly for asynchronous saves: ``max(sqrt(2·C_b·MTBF), W)`` — the stall sets the
+    interval, but a new save cannot start before the last write finished."""
+    return max(young_daly_interval(blocking_s, mtbf_s), write_s)

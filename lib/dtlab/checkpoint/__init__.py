@@ -1,0 +1,52 @@
+"""Sharded, verified, atomic and asynchronous checkpoints (lab 10).
+
+* :mod:`~dtlab.checkpoint.slices` — which box of a global tensor a piece holds; copy overlaps.
+* :mod:`~dtlab.checkpoint.state` — a rank's pieces under FSDP, tensor parallel or no sharding;
+  RNG states.
+* :mod:`~dtlab.checkpoint.storage` — rank files of raw bytes with a CRC-32 per piece.
+* :mod:`~dtlab.checkpoint.commit` — temporary directory, fsync, rename, ``COMPLETE`` last.
+* :mod:`~dtlab.checkpoint.save_load` — :func:`save` and :func:`load` (resharding on load).
+* :mod:`~dtlab.checkpoint.async_save` — :class:`AsyncCheckpointer`: snapshot, then write in the
+  background.
+"""
+
+from dtlab.checkpoint.async_save import AsyncCheckpointer, snapshot
+from dtlab.checkpoint.commit import complete_checkpoints
+from dtlab.checkpoint.save_load import LoadResult, load, plan_reads, read_metadata, save
+from dtlab.checkpoint.slices import Box, copy_overlap, flat_range, split_along, whole
+from dtlab.checkpoint.state import (
+    Local,
+    ShardedState,
+    fsdp_state,
+    prepare_optimizer_state,
+    replicated_state,
+    rng_states,
+    set_rng_states,
+    tensor_parallel_state,
+)
+from dtlab.checkpoint.storage import CheckpointError
+
+__all__ = [
+    "AsyncCheckpointer",
+    "Box",
+    "CheckpointError",
+    "Local",
+    "LoadResult",
+    "ShardedState",
+    "complete_checkpoints",
+    "copy_overlap",
+    "flat_range",
+    "fsdp_state",
+    "load",
+    "plan_reads",
+    "prepare_optimizer_state",
+    "read_metadata",
+    "replicated_state",
+    "rng_states",
+    "save",
+    "set_rng_states",
+    "snapshot",
+    "split_along",
+    "tensor_parallel_state",
+    "whole",
+]

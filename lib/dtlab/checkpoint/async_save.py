@@ -1,0 +1,128 @@
+"""Asynchronous checkpointing: a short blocking snapshot, then the write overlaps training.
+
+What happens where (the design of torch.distributed.checkpoint's ``async_save`` and of
+Nebula/CheckFreq, Mohan et al., FAST 2021):
+
+1. **snapshot** (blocking, span ``checkpoint_snapshot``, kind ``memcpy``): every piece this rank
+   writes is copied into host buffers it owns — pinned memory when the source is on a GPU, so the
+   device-to-host copy is a fast DMA. From here on training may change its parameters freely:
+   the writer never looks at them again.
+2. **write** (background thread, span ``checkpoint_write``, kind ``other``): the rank file, its
+   CRC-32s and its done flag go to disk from the snapshot; rank 0's thread then commits (it waits
+   for the other ranks' done flags on the file system, so the thread needs no collective).
+
+Why training never mutates a tensor being written: the thread only reads the snapshot, which
+training never references, and a new :meth:`AsyncCheckpointer.save` first waits for the
+previous write (at most one in flight), so a snapshot buffer — reused from save to save, since
+allocating pinned memory is slow — is never refilled while it is being written.
+``snapshot_is_private`` in the tests checks the storages are disjoint from the live tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dtlab.checkpoint.save_load import (
+    _rank_world,
+    boxes_of,
+    finish_save,
+    pieces_to_write,
+    start_save,
+    write_rank,
+)
+from dtlab.checkpoint.state import ShardedState
+from dtlab.trace import span
+
+
+def snapshot(
+    pieces: list[tuple[str, torch.Tensor]], buffers: dict[str, torch.Tensor] | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """Private host copies of ``pieces`` (pinned when a piece lives on a GPU).
+
+    ``buffers`` (name -> host tensor) are reused when shape and dtype match, and filled with new
+    ones otherwise: pinning memory is slow (it is locked page by page), so it is done once — the
+    "staging buffers" of DCP's async save. Safe because at most one write is in flight.
+    """
+    buffers = {} if buffers is None else buffers
+    out = []
+    for name, t in pieces:
+        pin = t.device.type == "cuda"
+        host = buffers.get(name)
+        if host is None or host.shape != t.shape or host.dtype != t.dtype:
+            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            buffers[name] = host
+        host.copy_(t.detach(), non_blocking=pin)
+        out.append((name, host))
+    if any(t.device.type == "cuda" for _, t in pieces):
+        torch.cuda.synchronize()
+    return out
+
+
+class AsyncCheckpointer:
+    """Save checkpoints in the background; one write in flight at a time.
+
+    ::
+
+        saver = AsyncCheckpointer(root)
+        for step in ...:
+            train_step()
+            if step % every == 0:
+                saver.save(step, fsdp_state(fsdp, opt), extra)   # returns after the snapshot
+        saver.wait()                                             # before exiting the rank function
+    """
+
+    def __init__(self, root: str | Path, commit_timeout_s: float = 300.0) -> None:
+        self.root = Path(root)
+        self.commit_timeout_s = commit_timeout_s
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_committed: Path | None = None
+        self.snapshot_bytes = 0
+        self._buffers: dict[str, torch.Tensor] = {}  # reused host copies (see snapshot)
+
+    def save(
+        self,
+        step: int,
+        state: ShardedState,
+        extra=None,
+        before_flag: Callable[[], None] | None = None,
+    ) -> None:
+        """Snapshot now (blocking), write and commit in a background thread (``before_flag``:
+        as in :func:`~dtlab.checkpoint.save`, run in that thread between file and done flag)."""
+        self.wait()
+        rank, world = _rank_world()
+        temp = start_save(self.root, step)
+        pieces = pieces_to_write(state, rank)
+        self.snapshot_bytes = sum(t.numel() * t.element_size() for _, t in pieces)
+        with span("checkpoint_snapshot", kind="memcpy", nbytes=self.snapshot_bytes, step=step):
+            copies = snapshot(pieces, self._buffers)
+        boxes = boxes_of(state)
+
+        def write() -> None:
+            try:
+                with span("checkpoint_write", kind="other", nbytes=self.snapshot_bytes, step=step):
+                    write_rank(temp, rank, copies, boxes, extra, before_flag)
+                    if rank == 0:
+                        self.last_committed = finish_save(temp, step, world, self.commit_timeout_s)
+            except BaseException as exc:  # surfaced by wait() on the training thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is on disk; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

@@ -1,0 +1,494 @@
+# %% [markdown]
+# # Lab 10 — Checkpointing and fault tolerance
+#
+# On a few thousand GPUs something breaks every few hours: a GPU falls off the bus, a node
+# reboots, a link flaps, a kernel hangs. A long training run survives only if it can stop at any
+# moment and continue with nothing lost. This lab builds that, one idea at a time, and breaks it
+# on purpose:
+#
+# 1. why failures are certain at scale: the MTBF arithmetic;
+# 2. what a sharded checkpoint holds: which rank writes which slice, and the metadata;
+# 3. the resharding read (you write it) and the atomic commit (you write it);
+# 4. kill a rank mid-run, watch the job notice, restart and resume bit for bit;
+# 5. resume on fewer ranks;
+# 6. save asynchronously, overlapped with training steps;
+# 7. a corrupted shard caught by its checksum;
+# 8. how often to save: goodput vs interval on a simulated failure trace;
+# 9. in-job recovery: replicas keep training while one is replaced, and a bit flip caught.
+
+# %%
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+import torch
+
+import dtlab
+import dtlab.viz
+from dtlab.checkpoint import (
+    CheckpointError,
+    complete_checkpoints,
+    load,
+    prepare_optimizer_state,
+    read_metadata,
+    replicated_state,
+)
+from dtlab.checkpoint.commit import final_dir
+from dtlab.config import fast_mode, lab_world_size
+from dtlab.cost.reliability import (
+    cluster_mtbf,
+    expected_waste_fraction,
+    young_daly_interval,
+    young_daly_interval_async,
+)
+from dtlab.faults import (
+    Fault,
+    JobSpec,
+    ReplicaSpec,
+    compare_replicas,
+    failure_trace,
+    flip_bit,
+    goodput_curve,
+    job_config,
+    run_with_recovery,
+    train_replicas,
+    train_with_checkpoints,
+)
+from dtlab.files import write_atomic
+from dtlab.models import GPT, GPTConfig
+from dtlab.quiz import ask, check_exercise
+
+dtlab.viz.setup_notebook()
+FAST = fast_mode()
+WORK = Path(tempfile.mkdtemp(prefix="dtlab-lab10-"))  # every checkpoint of this lab goes here
+
+# %% [markdown]
+# ## 1. The cluster <a id="setup"></a>
+#
+# `N` ranks (2 in fast mode, one per GPU otherwise). The job we will break trains the lab GPT
+# with FSDP (lab 03) and dropout on, so even the random-number generators are part of the state.
+
+# %%
+cluster = dtlab.Cluster(lab_world_size(2), timeout=120)
+N = cluster.world_size
+SPEC = (
+    JobSpec(steps=6, save_every=2, d_model=32)
+    if FAST
+    else JobSpec(steps=12, save_every=4, d_model=256, n_layers=4)
+)
+CONFIG = job_config(SPEC)  # a model of this shape loads the job's checkpoints
+print(f"N = {N} ranks on {cluster.device_type}; {SPEC}")
+
+# %% [markdown]
+# ## 2. Why failures are certain at scale <a id="mtbf"></a>
+#
+# If each GPU (with its share of host, NIC and cables) fails independently once in `M` on
+# average, a job on `n` of them sees its first failure `n` times sooner: `MTBF = M / n`. Look for
+# the last row: a GPU that fails once in five years still brings a 16k-GPU job down every few
+# hours. Then Young's rule: saving every `τ` seconds at a stall of `C` seconds wastes `C/τ` on
+# saving plus, per failure, `τ/2` of lost work. The best `τ` is `√(2·C·MTBF)`.
+
+# %%
+FIVE_YEARS = 5 * 365 * 24 * 3600
+print(f"{'GPUs':>7} {'job MTBF':>10} {'Young τ (C=60 s)':>18} {'waste at τ':>11}")
+for n in (8, 512, 4096, 16384):
+    mtbf = cluster_mtbf(FIVE_YEARS, n)
+    tau = young_daly_interval(60, mtbf)
+    waste = expected_waste_fraction(tau, 60, mtbf)
+    print(f"{n:>7} {mtbf / 3600:>9.1f}h {tau / 60:>16.1f}min {100 * waste:>10.1f}%")
+
+# %%
+ask("fault_tolerance.cluster_mtbf_hours")
+
+# %% [markdown]
+# ## 3. What a sharded checkpoint holds <a id="sharded-layout"></a>
+#
+# Each rank writes **only its own shard**: `rank_r.bin`, raw bytes with a CRC-32 per piece. Rank 0
+# also writes `metadata.json`: for every tensor, its global shape, dtype, and which slice each
+# file holds (the idea of `torch.distributed.checkpoint`). Our FSDP keeps chunk `r` of each
+# unit's flat segment, so a rank's slice of a parameter is a *flat range* of its elements,
+# sometimes empty. The picture: one row per tensor, coloured by the file that holds each range.
+# Look for parameters split between ranks at arbitrary element boundaries. Replicated scalars
+# (Adam's `step`) are written once, by rank 0.
+
+# %%
+reference_dir = WORK / "uninterrupted"
+uninterrupted = cluster.run(train_with_checkpoints, str(reference_dir), SPEC)
+print("checkpoints:", complete_checkpoints(reference_dir))
+newest = final_dir(reference_dir, complete_checkpoints(reference_dir)[-1])
+meta = read_metadata(newest)
+for f in sorted(newest.iterdir()):
+    print(f"  {f.name:<16} {f.stat().st_size:>9,} B")
+
+# %%
+names = [n for n in meta["tensors"] if n.startswith("model/")][:8]
+fig = go.Figure()
+colors = {f"rank_{r}.bin": c for r, c in enumerate(("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"))}
+shown = set()
+for name in names:
+    t = meta["tensors"][name]
+    numel = max(1, int(torch.tensor(t["global_shape"]).prod()))
+    for piece in t["pieces"]:
+        start = piece["box"]["offsets"][0] if piece["box"]["flat"] else 0
+        length = piece["box"]["lengths"][0] if piece["box"]["flat"] else numel
+        fig.add_bar(
+            y=[name.removeprefix("model/")],
+            x=[100 * length / numel],
+            base=[100 * start / numel],
+            orientation="h",
+            name=piece["file"],
+            marker_color=colors.get(piece["file"], "#7f7f7f"),
+            showlegend=piece["file"] not in shown,
+        )
+        shown.add(piece["file"])
+fig.update_layout(
+    title="Which file holds which slice (% of each parameter's flat elements)",
+    barmode="overlay",
+    height=320,
+    xaxis_title="% of the parameter",
+)
+fig.show()
+
+# %% [markdown]
+# ### Exercise: the resharding read <a id="exercise-resharding-read"></a>
+#
+# Saved on `N` ranks, loaded on `M`: each new rank needs a range `want = (lo, hi)` of a tensor's
+# flat elements. The metadata lists the stored pieces as `(file, first, end)`. Write
+# `reads(pieces, want)`: return `(i, start, stop, dest)` for every piece `i` that overlaps the
+# range. Take elements `start..stop` of that piece (0 is its first element) and place them at
+# offset `dest` of this rank's buffer. Read nothing else.
+#
+# The grader has the cluster's ranks write a real checkpoint of tensors cut at irregular points,
+# then executes your reads on the real files for every rank of FSDP degrees 1, 3, 4 and 5.
+# Every read is CRC-checked, and every element must be read exactly once. Calling the library's
+# `plan_reads` is refused.
+
+
+# %%
+def reads(pieces: list[tuple[str, int, int]], want: tuple[int, int]) -> list[tuple]:
+    # BEGIN SOLUTION
+    lo, hi = want
+    out = []
+    for i, (_file, first, end) in enumerate(pieces):
+        a, b = max(first, lo), min(end, hi)
+        if a < b:
+            out.append((i, a - first, b - first, a - lo))
+    return out
+    # END SOLUTION
+
+
+# %%
+check_exercise("checkpointing.resharding_read", reads, cluster)
+
+# %% [markdown]
+# The library does the same for boxes of any shape (rows or columns for tensor parallelism, flat
+# ranges for FSDP). Here this notebook's single process loads the `N`-rank checkpoint into an
+# unsharded model, and the optimizer state with it. Look for the bytes read: one process needs
+# every piece, so it reads every piece once.
+
+# %%
+model = GPT(CONFIG, seed=123)
+opt = torch.optim.AdamW(model.parameters())
+state = prepare_optimizer_state(replicated_state(model, opt), model, opt, meta)
+result = load(reference_dir, state)
+saved = uninterrupted[0]["params"]
+same = all(torch.equal(p, saved[n]) for n, p in model.named_parameters())
+print(f"step {result.step}: read {result.bytes_read:,} of {result.bytes_in_checkpoint:,} B")
+print(f"weights equal the {result.saved_world_size}-rank run's: {same}")
+
+# %%
+ask("checkpointing.reshard_reads")
+
+# %% [markdown]
+# ### Exercise: the atomic commit <a id="exercise-atomic-commit"></a>
+#
+# A checkpoint is only as good as its last byte. If the job dies halfway through a save, the
+# loader must not mistake the torn directory for a good one. Every rank has written its file into
+# the temporary directory `temp`. Write `commit(temp, final, metadata)` so that at no moment
+# could a crash leave a directory that looks complete but is not:
+#
+# 1. write `metadata.json` into `temp` and make it durable (`fsync`; `dtlab.files.write_atomic`
+#    does write-fsync-rename for one file: reuse it);
+# 2. rename `temp` to `final`, one atomic step of the file system, then `fsync` the parent;
+# 3. write the `COMPLETE` marker into `final`, last.
+#
+# The grader watches `os.fsync` and `os.rename` on real ranks. At the moment of the rename,
+# `metadata.json` must be whole and fsync'd and `COMPLETE` must not exist yet.
+
+
+# %%
+def commit(temp: Path, final: Path, metadata: bytes) -> None:
+    # BEGIN SOLUTION
+    import os
+
+    write_atomic(temp / "metadata.json", metadata)
+    os.rename(temp, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    write_atomic(final / "COMPLETE", json.dumps({"committed": True}))
+    # END SOLUTION
+
+
+# %%
+check_exercise("checkpointing.atomic_commit", commit, cluster)
+
+# %%
+ask("checkpointing.commit_order")
+
+# %% [markdown]
+# ## 4. Kill a rank, watch the job come back <a id="kill-and-recover"></a>
+#
+# A fault is data: `Fault("kill", rank=1, step=3)` would make rank 1 send itself `SIGKILL` when
+# it reaches step 3, as the out-of-memory killer or a dead node would. We pick the nastiest
+# moment: the last rank dies *in the middle of the second save*, after writing its file but
+# before saying so, so that checkpoint never commits. The supervisor runs the job; when the
+# Cluster reports the dead rank it starts fresh ranks, and the job resumes from the newest
+# *complete* checkpoint. Look for: the failure detected within a fraction of a second, the
+# half-written second checkpoint skipped, and losses and final weights **equal** to the
+# uninterrupted run's, bit for bit. (The tests also kill at a random step, and twice in a row.)
+
+# %%
+faults = [Fault("kill", rank=N - 1, step=2 * SPEC.save_every, phase="save")]
+recovery = run_with_recovery(cluster, train_with_checkpoints, WORK / "killed", SPEC, faults=faults)
+print(recovery.describe())
+final = recovery.result[0]
+bitwise = final["losses"] == uninterrupted[0]["losses"] and all(
+    torch.equal(final["params"][k], v) for k, v in uninterrupted[0]["params"].items()
+)
+print(f"resumed from step {final['resumed_from']}; equal to uninterrupted bit for bit: {bitwise}")
+
+# %% [markdown]
+# The same story on a timeline: one bar per attempt, the moment each fault fired (red) and the
+# moment the supervisor knew (the bar's end). The failed attempt's bar is short; the next one
+# includes starting fresh rank processes and loading the checkpoint.
+
+# %%
+fig = go.Figure()
+for a in recovery.attempts:
+    fig.add_bar(
+        y=[f"attempt {a.index} ({a.world_size} ranks)"],
+        x=[a.end_s - a.start_s],
+        base=[a.start_s],
+        orientation="h",
+        name=a.outcome,
+        marker_color="#2ca02c" if a.outcome == "finished" else "#ff7f0e",
+    )
+    if a.fault_s is not None:
+        fig.add_vline(x=a.fault_s, line_color="red", line_dash="dot")
+fig.update_layout(title="Attempts of the job (s)", height=260, xaxis_title="seconds")
+fig.show()
+
+# %%
+ask("checkpointing.contents")
+
+# %% [markdown]
+# ## 5. Resume on fewer ranks <a id="elastic"></a>
+#
+# When a node is gone for good, waiting for a replacement wastes the whole cluster. **Elastic**
+# restart continues on the ranks that are left. This time a rank *hangs*: its peers block in the
+# next collective until the Cluster's timeout says so. The retry runs on half as many ranks, and
+# the FSDP checkpoint saved on `N` ranks is resharded as it loads. Look for: the first attempt
+# ending in a timeout, the second on fewer ranks, and losses close to the uninterrupted run. They
+# are not bit-identical, because a different number of ranks sums the gradients in a different
+# order, and each rank's dropout stream is another one.
+
+# %%
+saved_timeout = cluster.timeout
+cluster.timeout = 5.0  # detect the hang quickly
+try:
+    elastic = run_with_recovery(
+        cluster,
+        train_with_checkpoints,
+        WORK / "elastic",
+        SPEC,
+        faults=[Fault("hang", rank=N - 1, step=SPEC.save_every + 1)],
+        elastic_world_size=max(1, N // 2),
+    )
+finally:
+    cluster.timeout = saved_timeout
+print(elastic.describe())
+gap = max(
+    abs(a - b) for a, b in zip(elastic.result[0]["losses"], uninterrupted[0]["losses"], strict=True)
+)
+print(f"largest loss difference to the uninterrupted run: {gap:.4f}")
+
+# %%
+ask("fault_tolerance.elastic")
+
+# %% [markdown]
+# ## 6. Save without stopping <a id="async-save"></a>
+#
+# A synchronous save stops every rank until the bytes are on disk. An asynchronous save blocks
+# only for a **snapshot**: a copy of each shard into host memory (pinned when the shard is on a
+# GPU). A background thread then writes the snapshot and commits while the next steps run.
+# Training may then change its weights freely, because the writer only reads the snapshot, and a
+# new save waits for the previous write. Look for the `checkpoint_write` bars (kind *other*)
+# running beside the next `train_step` bars, and the short `checkpoint_snapshot` (memcpy) before
+# them.
+
+# %%
+async_run = cluster.run(
+    train_with_checkpoints,
+    str(WORK / "async"),
+    dataclasses.replace(SPEC, async_save=True),
+)
+trace = async_run.trace
+dtlab.viz.timeline(trace, title="Async checkpointing: snapshot (blocking) then a background write")
+
+
+# %%
+def seconds_of(name: str) -> float:
+    return sum(s.end_ns - s.start_ns for s in trace.spans if s.name == name) / 1e9
+
+
+snapshot_s, write_s = seconds_of("checkpoint_snapshot"), seconds_of("checkpoint_write")
+print(
+    f"measured, all ranks: snapshot {snapshot_s * 1e3:.1f} ms, background write {write_s * 1e3:.1f} ms"
+)
+
+# %%
+ask("checkpointing.async")
+
+# %% [markdown]
+# ## 7. A corrupted shard is caught <a id="corrupted-shard"></a>
+#
+# Disks and networks flip bits, and files get truncated by full disks. Every piece carries a
+# CRC-32, checked on every read. Here we flip one byte of the newest checkpoint's `rank_1.bin`.
+# Look for an error that names the file and the tensor, and for the previous complete checkpoint
+# still loading.
+
+# %%
+broken = WORK / "broken"
+shutil.copytree(reference_dir, broken)
+steps = complete_checkpoints(broken)
+victim = final_dir(broken, steps[-1]) / f"rank_{N - 1}.bin"
+data = bytearray(victim.read_bytes())
+data[len(data) // 3] ^= 0x01
+victim.write_bytes(bytes(data))
+model = GPT(CONFIG, seed=5)
+opt = torch.optim.AdamW(model.parameters())
+try:
+    load(broken, prepare_optimizer_state(replicated_state(model, opt), model, opt, meta))
+except CheckpointError as error:
+    print("refused:", error)
+older = load(
+    broken,
+    prepare_optimizer_state(replicated_state(model, opt), model, opt, meta),
+    step=steps[-2],
+)
+print(f"the previous checkpoint (step {older.step}) still loads")
+
+# %%
+ask("checkpointing.safe_latest")
+
+# %% [markdown]
+# ## 8. How often to save <a id="goodput"></a>
+#
+# Young's rule balances saving too often against losing too much. Here we *measure* it on a
+# simulated failure trace instead of trusting it. Failures are drawn with the job's MTBF, and a
+# 100-hour job is replayed against them for each interval, counting every second. A synchronous
+# save stalls for the whole write. An asynchronous one stalls only for the snapshot, but a
+# checkpoint counts only once its write has finished. Look for each curve's peak near its
+# Young/Daly interval, computed with the *stall* as the cost.
+
+# %%
+MTBF, WRITE, SNAPSHOT, RESTART = 3 * 3600.0, 60.0, 4.0, 300.0
+trace_s = failure_trace(MTBF, 400 * 3600, seed=10)
+intervals = [60.0 * k for k in range(1, 61)]
+sync_curve = goodput_curve(intervals, trace_s, 100 * 3600, blocking_s=WRITE, restart_s=RESTART)
+async_curve = goodput_curve(
+    intervals, trace_s, 100 * 3600, blocking_s=SNAPSHOT, write_s=WRITE, restart_s=RESTART
+)
+fig = go.Figure()
+fig.add_scatter(x=[t / 60 for t, _ in sync_curve], y=[g for _, g in sync_curve], name="sync save")
+fig.add_scatter(
+    x=[t / 60 for t, _ in async_curve], y=[g for _, g in async_curve], name="async save"
+)
+for tau, label in (
+    (young_daly_interval(WRITE, MTBF), "Young, sync"),
+    (young_daly_interval_async(SNAPSHOT, WRITE, MTBF), "Young, async"),
+):
+    fig.add_vline(x=tau / 60, line_dash="dot", annotation_text=label)
+fig.update_layout(
+    title="Goodput vs checkpoint interval (simulated failure trace)",
+    xaxis_title="interval (min)",
+    yaxis_title="goodput",
+    height=360,
+)
+fig.show()
+best_sync = max(sync_curve, key=lambda p: p[1])
+best_async = max(async_curve, key=lambda p: p[1])
+print(
+    f"sync:  best {best_sync[0] / 60:.0f} min → {best_sync[1]:.3f}; Young {young_daly_interval(WRITE, MTBF) / 60:.1f} min"
+)
+print(
+    f"async: best {best_async[0] / 60:.0f} min → {best_async[1]:.3f}; "
+    f"Young with the stall {young_daly_interval_async(SNAPSHOT, WRITE, MTBF) / 60:.1f} min"
+)
+
+# %%
+ask("checkpointing.async_interval")
+
+# %% [markdown]
+# ## 9. In-job recovery: keep training through a failure <a id="in-job-recovery"></a>
+#
+# A restart costs minutes for the whole job: new processes, a checkpoint load, lost steps.
+# torchft's idea is to let the **healthy data-parallel replicas keep going**. Every step the live
+# replicas agree on a *quorum* (a replica that misses its heartbeat is left out) and all-reduce
+# over exactly those. A replacement asks to rejoin and copies the weights and optimizer state
+# from a healthy peer before its first step. Here each rank is one replica. At step 3 replica
+# `N−1` loses everything (its process stays up, because the Cluster ends the whole run when a
+# rank process dies). Look for the quorum sizes, the survivors stepping through every step, the
+# rejoined replica holding identical weights, and a loss on a held-out batch close to the
+# unfailed run's (the step without the replica averaged over fewer samples).
+
+# %%
+steps = 6
+unfailed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0))
+failed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0, crash=(N - 1, 3)))
+print("quorum size per step:", [len(failed[0]["quorums"][s]) for s in range(steps)])
+print(f"steps done by replica 0: {sorted(failed[0]['losses'])}")
+print(f"state copied to the replacement: {failed[N - 1]['state_bytes_received_or_sent']:,} B")
+same = all(torch.equal(v, failed[N - 1]["params"][k]) for k, v in failed[0]["params"].items())
+print(f"replacement equals the survivors: {same}")
+print(
+    f"held-out loss {failed[0]['held_out_loss']:.4f} vs unfailed {unfailed[0]['held_out_loss']:.4f}"
+)
+dtlab.viz.timeline(failed.trace, title="In-job recovery: quorum waits, recovery transfer, steps")
+
+# %%
+ask("fault_tolerance.in_job_recovery")
+
+# %% [markdown]
+# ### Silent data corruption <a id="sdc"></a>
+#
+# Some failures raise no error. A flipped bit in memory or in an arithmetic unit just produces a
+# wrong number, and training goes on. Data parallelism gives a free check: after every step all
+# replicas hold bit-identical parameters, so a CRC per parameter compared across replicas exposes
+# a replica that differs. We plant a bit flip on rank `N−1`. With three or more replicas the
+# majority names it; with two the check can only say *which parameter* disagrees.
+
+
+# %%
+def corrupt_and_check(bad_rank: int) -> list[str]:
+    m = GPT(GPTConfig.tiny(), seed=0)
+    if dtlab.rank() == bad_rank:
+        flip_bit(m.blocks[0].mlp.fc_in.weight.data, index=7, bit=20)
+    return [str(d) for d in compare_replicas(m)]
+
+
+print(cluster.run(corrupt_and_check, N - 1)[0])
+
+# %%
+ask("fault_tolerance.sdc_vote")
+
+# %%
+ask("fault_tolerance.sdc")
+
+# %%
+cluster.close()
+shutil.rmtree(WORK, ignore_errors=True)

@@ -1,0 +1,401 @@
+"""Sharded checkpoints on real ranks: resharding across layouts, async saves, bad inputs, and
+side-by-side parity with torch.distributed.checkpoint from a ``fully_shard`` model."""
+
+import threading
+
+import pytest
+import torch
+
+import dtlab
+from dtlab.checkpoint import (
+    CheckpointError,
+    fsdp_state,
+    load,
+    prepare_optimizer_state,
+    read_metadata,
+    replicated_state,
+)
+from dtlab.checkpoint.commit import final_dir
+from dtlab.checkpoint.slices import flat_indices
+from dtlab.models import GPT, GPTConfig
+
+CONFIG = GPTConfig.tiny(d_model=32, n_layers=2)
+
+
+@pytest.fixture
+def cluster(cluster2):
+    return cluster2
+
+
+def _train_fsdp(units_default=True, steps=2, seed=0):
+    from dtlab.models import SyntheticTokens, loss_fn, shard_for_rank
+    from dtlab.parallel import FullyShardedDataParallel
+
+    model = GPT(CONFIG, seed=seed)
+    fsdp = FullyShardedDataParallel(model, units=None if units_default else [])
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    data = SyntheticTokens(CONFIG, steps, 4, seed=seed)
+    for x, y in data:
+        x, y = shard_for_rank((x, y), dtlab.rank(), dtlab.world_size())
+        loss_fn(fsdp(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return fsdp, opt
+
+
+def _full_fsdp(fsdp, opt) -> dict:
+    from dtlab.parallel.full_state import gather_full_tensors
+
+    out = {f"model/{k}": v for k, v in gather_full_tensors(fsdp, lambda p: p.detach()).items()}
+    for key in ("exp_avg", "exp_avg_sq"):
+        full = gather_full_tensors(fsdp, lambda p, k=key: opt.state[p][k])
+        out.update({f"optim/{n}/{key}": v for n, v in full.items()})
+    return out
+
+
+def _save_then_reshard(root):
+    """Save from FSDP (one unit per block), load into FSDP (one root unit) and into TP=2."""
+    from dtlab.checkpoint import save, tensor_parallel_state
+    from dtlab.mesh import Mesh
+    from dtlab.parallel import FullyShardedDataParallel, parallelize_gpt
+
+    fsdp, opt = _train_fsdp()
+    saved = _full_fsdp(fsdp, opt)
+    save(root, 2, fsdp_state(fsdp, opt), {"rank": dtlab.rank()})
+    meta = read_metadata(final_dir(root, 2))
+
+    other = FullyShardedDataParallel(GPT(CONFIG, seed=7), units=[])
+    other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
+    state = prepare_optimizer_state(fsdp_state(other, other_opt), other.module, other_opt, meta)
+    result = load(root, state)
+    fsdp_equal = all(torch.equal(v, saved[k]) for k, v in _full_fsdp(other, other_opt).items())
+
+    model = GPT(CONFIG, seed=7)
+    parallelize_gpt(model, Mesh(tp=2))
+    tp_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tp_state = prepare_optimizer_state(tensor_parallel_state(model, tp_opt), model, tp_opt, meta)
+    load(root, tp_state)
+    tp_mismatch = []
+    for name, local in tp_state.items():
+        if name in saved:
+            want = saved[name].reshape(-1)[flat_indices(local.box)]
+            if not torch.equal(local.tensor.reshape(-1), want):
+                tp_mismatch.append(name)
+    sharded_tp = sum(1 for v in tp_state.values() if not v.replicated)
+    return {
+        "fsdp_equal": fsdp_equal,
+        "tp_mismatch": tp_mismatch,
+        "tp_sharded_pieces": sharded_tp,
+        "extra": result.extra,
+        "read": result.bytes_read,
+        "total": result.bytes_in_checkpoint,
+        "saved": saved if dtlab.rank() == 0 else None,
+    }
+
+
+def test_fsdp_checkpoint_loads_into_other_fsdp_units_tensor_parallel_and_one_process(
+    cluster, tmp_path
+):
+    out = cluster.run(_save_then_reshard, str(tmp_path))
+    for r, o in enumerate(out):
+        assert o["fsdp_equal"], f"rank {r}: FSDP with other units loaded different values"
+        assert o["tp_mismatch"] == [], f"rank {r}: TP pieces differ: {o['tp_mismatch']}"
+        assert o["tp_sharded_pieces"] > 0
+        assert o["extra"] == {"rank": r}
+        assert o["read"] < o["total"]  # each rank read only the slices it needed
+    saved = out[0]["saved"]
+    model = GPT(CONFIG, seed=9)
+    opt = torch.optim.AdamW(model.parameters())
+    meta = read_metadata(final_dir(tmp_path, 2))
+    state = prepare_optimizer_state(replicated_state(model, opt), model, opt, meta)
+    result = load(tmp_path, state)
+    assert result.bytes_read == result.bytes_in_checkpoint  # one process needs every piece
+    for name, local in state.items():
+        if name in saved:
+            assert torch.equal(local.tensor, saved[name]), name
+
+
+def _save_fsdp(root):
+    from dtlab.checkpoint import save
+
+    fsdp, opt = _train_fsdp()
+    save(root, 2, fsdp_state(fsdp, opt), {"rank": dtlab.rank()})
+    full = _full_fsdp(fsdp, opt)
+    return full if dtlab.rank() == 0 else None
+
+
+def _load_fsdp(root):
+    from dtlab.parallel import FullyShardedDataParallel
+
+    fsdp = FullyShardedDataParallel(GPT(CONFIG, seed=3))
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    meta = read_metadata(final_dir(root, 2))
+    result = load(root, prepare_optimizer_state(fsdp_state(fsdp, opt), fsdp.module, opt, meta))
+    return _full_fsdp(fsdp, opt), result.extra, result.bytes_read, result.bytes_in_checkpoint
+
+
+def test_fsdp_on_four_ranks_reloads_on_two_with_weights_and_adam_state_equal(
+    cluster4, cluster2, tmp_path
+):
+    saved = cluster4.run(_save_fsdp, str(tmp_path))[0]
+    for rank, (loaded, extra, read, total) in enumerate(cluster2.run(_load_fsdp, str(tmp_path))):
+        assert extra == {"rank": rank}  # new rank r gets saved rank r's extra (RNG, position)
+        assert read < total
+        assert set(loaded) == set(saved)
+        for name, value in loaded.items():
+            assert torch.equal(value, saved[name]), f"rank {rank}: {name}"
+
+
+def _async_save_while_training(root):
+    """The write is held until training has stepped (mutating the live weights) — the checkpoint
+    must still hold the values at snapshot time."""
+    import dtlab.checkpoint.save_load as sl
+    from dtlab.checkpoint import AsyncCheckpointer
+
+    fsdp, opt = _train_fsdp()
+    before = _full_fsdp(fsdp, opt)
+    stepped = threading.Event()
+    real_write = sl.write_pieces
+
+    def held_write(path, pieces):
+        stepped.wait(30)
+        return real_write(path, pieces)
+
+    sl.write_pieces = held_write
+    saver = AsyncCheckpointer(root)
+    state = fsdp_state(fsdp, opt)
+    try:
+        saver.save(2, state, None)
+        for p in fsdp.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()  # training goes on while the write is in flight
+        changed = not torch.equal(
+            _full_fsdp(fsdp, opt)["model/embed.weight"], before["model/embed.weight"]
+        )
+        stepped.set()
+        saver.wait()
+        # A second save reuses the snapshot buffers (the first write is done) and is again
+        # held while training mutates the weights.
+        middle = _full_fsdp(fsdp, opt)
+        buffers = {k: t.data_ptr() for k, t in saver._buffers.items()}
+        stepped.clear()
+        saver.save(3, state, None)
+        reused = buffers == {k: t.data_ptr() for k, t in saver._buffers.items()}
+        opt.step()
+        stepped.set()
+        saver.wait()
+    finally:
+        sl.write_pieces = real_write
+    torch.distributed.barrier()
+    return {
+        "before": before if dtlab.rank() == 0 else None,
+        "middle": middle if dtlab.rank() == 0 else None,
+        "changed": changed,
+        "reused": reused,
+    }
+
+
+def test_async_save_writes_the_snapshot_not_the_tensors_training_mutates(cluster, tmp_path):
+    out = cluster.run(_async_save_while_training, str(tmp_path))
+    assert all(o["changed"] and o["reused"] for o in out)  # weights moved during each write
+    names = {s.name for s in out.trace.spans}
+    assert {"checkpoint_snapshot", "checkpoint_write"} <= names
+    for step, key in ((2, "before"), (3, "middle")):
+        model = GPT(CONFIG, seed=3)
+        opt = torch.optim.AdamW(model.parameters())
+        meta = read_metadata(final_dir(tmp_path, step))
+        state = prepare_optimizer_state(replicated_state(model, opt), model, opt, meta)
+        load(tmp_path, state, step)
+        want = out[0][key]
+        for name, local in state.items():
+            if name in want:
+                assert torch.equal(local.tensor, want[name]), f"step {step}: {name}"
+
+
+def _save_twice(root):
+    from dtlab.checkpoint import save
+
+    fsdp, opt = _train_fsdp(steps=1)
+    save(root, 1, fsdp_state(fsdp, opt))
+    first = _full_fsdp(fsdp, opt)
+    fsdp2, opt2 = _train_fsdp(steps=2)
+    save(root, 2, fsdp_state(fsdp2, opt2))
+    return first if dtlab.rank() == 0 else None
+
+
+def _plain_target():
+    model = GPT(CONFIG, seed=5)
+    opt = torch.optim.AdamW(model.parameters())
+    return model, opt
+
+
+def test_bad_inputs_each_give_a_clear_error_and_the_previous_checkpoint_still_loads(
+    cluster, tmp_path
+):
+    first = cluster.run(_save_twice, str(tmp_path))[0]
+    newest = final_dir(tmp_path, 2)
+    meta = read_metadata(newest)
+
+    def attempt(step=None):
+        model, opt = _plain_target()
+        state = prepare_optimizer_state(replicated_state(model, opt), model, opt, meta)
+        return load(tmp_path, state, step), state
+
+    good = (newest / "rank_1.bin").read_bytes()
+    (newest / "rank_1.bin").write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    with pytest.raises(CheckpointError, match=r"rank_1.bin is corrupted: tensor '"):
+        attempt()
+    (newest / "rank_1.bin").write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=r"rank_1.bin is truncated: tensor '"):
+        attempt()
+    (newest / "rank_1.bin").unlink()
+    with pytest.raises(CheckpointError, match=r"rank_1.bin is missing: it holds '"):
+        attempt()
+    wrong = GPT(GPTConfig.tiny(d_model=48, n_layers=2), seed=0)
+    with pytest.raises(CheckpointError, match=r"shape mismatch for tensor 'model/"):
+        load(tmp_path, replicated_state(wrong), step=1)
+    result, state = attempt(step=1)  # the previous complete checkpoint is untouched
+    assert result.step == 1
+    for name, local in state.items():
+        if name in first:
+            assert torch.equal(local.tensor, first[name]), name
+
+
+def _torch_fully_shard_trained(steps=2):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from dtlab.models import SyntheticTokens, loss_fn, shard_for_rank
+
+    model = GPT(CONFIG, seed=0)
+    mesh = init_device_mesh("cpu", (dtlab.world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in SyntheticTokens(CONFIG, steps, 4, seed=0):
+        x, y = shard_for_rank((x, y), dtlab.rank(), dtlab.world_size())
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _full_torch(model, opt) -> dict:
+    out = {f"model/{n}": p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"optim/{n}/{key}"] = opt.state[p][key].full_tensor().clone()
+    return out
+
+
+def _dcp_parity(dcp_dir, ours_dir, converted):
+    """torch's fully_shard + DCP saves; the same state reaches our FSDP through our format."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from dtlab.checkpoint import Local, save, whole
+    from dtlab.parallel import FullyShardedDataParallel
+
+    model, opt = _torch_fully_shard_trained()
+    theirs = _full_torch(model, opt)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=dcp_dir)
+    # DCP round trip into a fresh fully_shard model (their load, their layout).
+    fresh, fresh_opt = _torch_fully_shard_trained(steps=1)
+    msd2, osd2 = get_state_dict(fresh, fresh_opt)
+    state = {"model": msd2, "optim": osd2}
+    dcp.load(state, checkpoint_id=dcp_dir)
+    set_state_dict(
+        fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    dcp_roundtrip = all(torch.equal(v, theirs[k]) for k, v in _full_torch(fresh, fresh_opt).items())
+    # Their checkpoint → whole tensors → our format (rank 0 writes them) → our FSDP on 2 ranks.
+    if dist.get_rank() == 0:
+        dcp_to_torch_save(dcp_dir, converted)
+    dist.barrier()
+    full = torch.load(converted, weights_only=False)
+    pieces = {f"model/{n}": t for n, t in full["model"].items()}
+    for fqn, slots in full["optim"]["state"].items():
+        pieces.update({f"optim/{fqn}/{k}": v for k, v in slots.items() if torch.is_tensor(v)})
+    ours = FullyShardedDataParallel(GPT(CONFIG, seed=11))
+    ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    names = {f"model/{n}" for n, _ in ours.module.named_parameters()}
+    keep = {k: v for k, v in pieces.items() if k in names or k.startswith("optim/")}
+    save(ours_dir, 2, {k: Local(v, whole(v.shape), True) for k, v in keep.items()})
+    meta = read_metadata(final_dir(ours_dir, 2))
+    target = prepare_optimizer_state(fsdp_state(ours, ours_opt), ours.module, ours_opt, meta)
+    load(ours_dir, target)
+    loaded = _full_fsdp(ours, ours_opt)
+    mismatched = [k for k, v in loaded.items() if not torch.equal(v, theirs[k])]
+    step_equal = all(
+        float(ours_opt.state[p]["step"]) == 2.0 for p in ours.parameters() if p in ours_opt.state
+    )
+    return {
+        "dcp_roundtrip": dcp_roundtrip,
+        "mismatched": mismatched,
+        "n": len(loaded),
+        "step": step_equal,
+    }
+
+
+def test_torch_dcp_checkpoint_of_fully_shard_loads_into_our_fsdp_side_by_side(cluster, tmp_path):
+    out = cluster.run(
+        _dcp_parity, str(tmp_path / "dcp"), str(tmp_path / "ours"), str(tmp_path / "full.pt")
+    )
+    for r, o in enumerate(out):
+        assert o["dcp_roundtrip"], f"rank {r}: torch's own DCP round trip differs"
+        assert o["n"] > 0 and o["mismatched"] == [], f"rank {r}: {o['mismatched']}"
+        assert o["step"]
+
+
+def test_checkpoint_bench_reports_the_three_ratios_at_tiny_size(cluster):
+    from dtlab.bench.checkpoint import OPS, run
+
+    out = run(cluster, 2, "tiny", 1, 1)
+    assert set(out["median_s"]) == set(OPS)
+    assert set(out["ratios"]) == {
+        "async_block / sync_save",
+        "sync_save / dcp_save",
+        "ours_load / dcp_load",
+    }
+    assert all(r.median > 0 for r in out["ratios"].values())
+    assert all(b > 0 for b in out["bytes_written_per_rank"])
+
+
+def _ours_into_theirs(root):
+    """Our FSDP saves; the checkpoint loads whole into one process's tensors, which torch's
+    ``set_model_state_dict``/``set_optimizer_state_dict`` shard into a ``fully_shard`` model."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from dtlab.checkpoint import save
+
+    fsdp, opt = _train_fsdp()
+    ours = _full_fsdp(fsdp, opt)
+    save(root, 2, fsdp_state(fsdp, opt))
+    plain = GPT(CONFIG, seed=5)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    meta = read_metadata(final_dir(root, 2))
+    load(root, prepare_optimizer_state(replicated_state(plain, plain_opt), plain, plain_opt, meta))
+    theirs, theirs_opt = _torch_fully_shard_trained(steps=1)
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(theirs, {n: p.detach() for n, p in plain.named_parameters()}, options=full)
+    osd = get_optimizer_state_dict(theirs, theirs_opt, options=full)
+    osd["state"] = {n: dict(plain_opt.state[p]) for n, p in plain.named_parameters()}
+    set_optimizer_state_dict(theirs, theirs_opt, osd, options=full)
+    got = _full_torch(theirs, theirs_opt)
+    steps = {float(theirs_opt.state[p]["step"]) for p in theirs.parameters()}
+    return {"mismatched": [k for k in ours if not torch.equal(ours[k], got[k])], "steps": steps}
+
+
+def test_our_checkpoint_loads_into_a_torch_fully_shard_model(cluster, tmp_path):
+    for rank, out in enumerate(cluster.run(_ours_into_theirs, str(tmp_path))):
+        assert out["mismatched"] == [], f"rank {rank}: {out['mismatched']}"
+        assert out["steps"] == {2.0}
