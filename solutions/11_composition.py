@@ -29,6 +29,7 @@ from dtlab.models import GPTConfig
 from dtlab.plan import (
     JOBS,
     LLAMA_13B,
+    LLAMA_70B,
     ParallelPlan,
     activation_bytes_per_gpu,
     candidate_plans,
@@ -361,23 +362,26 @@ for req in JOBS:
 # **Fitting is not enough: time.** The checks above are about memory and the bubble. The step-time
 # model (`dtlab.plan.step_time`) adds the clock: compute at 70 % of the GPU's BF16 peak, tensor
 # parallel's collectives exposed at NVLink speed, pipeline sends and the bubble, and the
-# data-parallel gradient traffic hidden behind the backward pass up to its length, at one 400 Gb/s
-# NIC per GPU when the dp group leaves the node. Look for: the first 70B layout that fits memory
-# (tp=2, ZeRO-3 over 1,024 ranks) spending most of its step waiting for data parallel — a low MFU —
-# while a layout with more TP and a pipeline moves far fewer gradient bytes per GPU and keeps the
-# GPUs busy.
+# data-parallel gradient traffic hidden behind the backward pass up to its length. Across nodes
+# the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400 Gb/s
+# NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC for
+# all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
+# (tp=2, ZeRO-3 over 1,024 ranks) close to the fastest on rails, and communication-bound — most
+# of its step waiting for data parallel — with one NIC per node, where the fastest layout puts
+# more into TP and PP so each GPU reduces a smaller shard.
 
 # %%
-for req in JOBS:
-    fitted = first_plan_that_fits(req)
-    rows = [("first that fits", fitted, step_time(req, fitted))]
-    rows += [("fastest", plan, t) for plan, t in fastest_plans(req, 1)]
-    print(req.name)
+for nics, fabric in ((None, "one NIC per GPU"), (1, "one NIC per node")):
+    print(f"70B on 2,048 H100, {fabric}:")
+    fitted = first_plan_that_fits(LLAMA_70B)
+    rows = [("first that fits", fitted, step_time(LLAMA_70B, fitted, nics_per_node=nics))]
+    rows += [("fastest", plan, t) for plan, t in fastest_plans(LLAMA_70B, 1, nics_per_node=nics)]
     for label, plan, t in rows:
         print(
             f"  {label:<16} dp={plan.dp:<4} tp={plan.tp} pp={plan.pp} v={plan.virtual_stages} "
             f"ZeRO-{plan.zero_stage}: step {t.step_s:.2f} s (compute {t.compute_s:.2f}, dp "
-            f"exposed {t.dp_exposed_s:.2f}, tp {t.tp_s:.2f}, bubble {t.bubble:.0%}), MFU {t.mfu:.0%}"
+            f"{t.dp_s:.2f} of which exposed {t.dp_exposed_s:.2f}, tp {t.tp_s:.2f}, bubble "
+            f"{t.bubble:.0%}), MFU {t.mfu:.0%}"
         )
 
 # %% [markdown]

@@ -20,11 +20,12 @@ def test_tp_innermost_stays_inside_an_8_gpu_node_and_dp_crosses():
     assert crosses_nodes(degrees, ("tp", "dp"), 8) == {"dp": False, "tp": True}
 
 
-def test_putting_the_heavy_dimension_across_nodes_costs_the_bandwidth_ratio():
+def test_putting_the_heavy_dimension_across_nodes_runs_it_at_its_members_nics():
     degrees = {"dp": 2, "tp": 8}
     traffic = {"tp": 8e9, "dp": 1e9}  # bytes per rank per step
     right = price_order(traffic, degrees, ("dp", "tp"), 8)
     wrong = price_order(traffic, degrees, ("tp", "dp"), 8)
     assert right.seconds["tp"] == 8e9 / 450e9 and right.seconds["dp"] == 1e9 / 50e9
-    assert wrong.seconds["tp"] == 8e9 / 50e9 and wrong.seconds["dp"] == 1e9 / 450e9
+    # (tp, dp): a tp group strides 2, so 4 of its members share each node: 4 NICs' worth
+    assert wrong.seconds["tp"] == 8e9 / (4 * 50e9) and wrong.seconds["dp"] == 1e9 / 450e9
     assert compare_orders(traffic, degrees, 8)[0].order == ("dp", "tp")

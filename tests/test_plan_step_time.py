@@ -9,13 +9,15 @@ from dtlab.plan import JOBS, LLAMA_70B, ParallelPlan, first_plan_that_fits, traf
 from dtlab.plan.step_time import MATMUL_EFFICIENCY, fastest_plans, step_time
 
 
-def test_the_first_70b_plan_that_fits_memory_is_communication_bound_and_a_faster_one_exists():
+def test_the_first_70b_plan_that_fits_is_communication_bound_only_with_one_nic_per_node():
     chosen = first_plan_that_fits(LLAMA_70B)
-    slow = step_time(LLAMA_70B, chosen)
-    assert slow.communication_bound and slow.dp_exposed_s > slow.compute_s
-    best_plan, best = fastest_plans(LLAMA_70B, 1)[0]
-    assert not best.communication_bound and best.step_s < slow.step_s / 2
-    assert best_plan.tp > chosen.tp or best_plan.pp > chosen.pp  # fewer, larger dp shards
+    rails = step_time(LLAMA_70B, chosen)
+    one_nic = step_time(LLAMA_70B, chosen, nics_per_node=1)
+    assert not rails.communication_bound and one_nic.communication_bound
+    assert one_nic.dp_s == pytest.approx(8 * rails.dp_s)  # 8 NICs shared vs 1
+    best_plan, best = fastest_plans(LLAMA_70B, 1, nics_per_node=1)[0]
+    assert not best.communication_bound and best.step_s < one_nic.step_s / 2
+    assert best_plan.tp * best_plan.pp > chosen.tp * chosen.pp  # smaller dp shards to reduce
 
 
 @pytest.mark.parametrize("req", JOBS, ids=lambda r: r.name)
@@ -28,9 +30,8 @@ def test_step_time_adds_up_and_mfu_never_exceeds_the_matmul_efficiency(req):
         assert 0 < t.mfu <= MATMUL_EFFICIENCY + 1e-12
 
 
-def test_a_dp_group_across_nodes_runs_at_the_nic_bandwidth():
+def test_a_dp_group_across_nodes_runs_at_its_members_nics():
     plan = ParallelPlan(dp=1024, tp=2, pp=1, zero_stage=3)
-    t = step_time(LLAMA_70B, plan)
-    assert t.dp_s == pytest.approx(
-        traffic_per_gpu(LLAMA_70B, plan).dp / IB_NDR_400.bandwidth_bytes_per_s
-    )
+    t = step_time(LLAMA_70B, plan)  # 4 dp members per node, one 400 Gb/s NIC each
+    want = traffic_per_gpu(LLAMA_70B, plan).dp / (4 * IB_NDR_400.bandwidth_bytes_per_s)
+    assert t.dp_s == pytest.approx(want)

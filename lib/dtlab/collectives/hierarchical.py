@@ -12,6 +12,12 @@ through every link *including* the slow inter-node ones. The hierarchical schedu
    network, ``k`` the number of nodes.
 3. **intra-node ring all-gather** of the finished chunks. Sends ``(g-1)/g · M`` on NVLink.
 
+Per *rank* the network bytes drop ``g``-fold; per *node* they do not: the ``g`` rails together
+still carry about ``2M`` each way, as a flat ring over rail-optimised nodes (one NIC per GPU,
+NCCL running one ring per NIC) does. On such nodes the hierarchical schedule's win is latency —
+``2(k-1)`` network steps instead of ``2(N-1)`` — not bandwidth; with one NIC per node it also
+saves bandwidth (``dtlab.cost.hierarchy`` prices both).
+
 This is the shape of NCCL's tree/ring-over-nodes and of Horovod's hierarchical all-reduce;
 ``dtlab.cost.hierarchy`` prices it on the two-tier model. Here a "node" is just a block of ``g``
 consecutive ranks of ``group`` — on one CPU machine the tiers are simulated, the schedule is real.

@@ -4,8 +4,8 @@ Ranks are numbered node by node (torchrun: node ``k`` runs ranks ``k·g … k·g
 mesh lays its dimensions out row-major in some order, the last one innermost (consecutive ranks).
 The innermost dimensions' groups therefore stay inside a node and talk over NVLink; the outer
 ones cross nodes and talk over the NICs — here one 400 Gb/s NIC per GPU (a rail-optimised
-fabric: each GPU's traffic leaves on its own NIC), so a crossing group runs at ~50 GB/s per GPU
-instead of NVLink's ~450 GB/s.
+fabric: each GPU's traffic leaves on its own NIC), so a crossing group with ``m`` members in a
+node runs at ``m · 50`` GB/s per GPU at most, against NVLink's ~450 GB/s.
 
 dtlab's :class:`~dtlab.mesh.Layout` uses ``(pp, dp, cp, tp)``, torchtitan's and Megatron's order:
 ``tp`` moves the most bytes per step (activations, every layer, forward and backward, blocking),
@@ -77,13 +77,19 @@ def price_order(
     intra: Link = NVLINK4_H100,
     inter: Link = IB_NDR_400,
 ) -> OrderCost:
-    """Time per step to send ``bytes_per_dim`` (bytes one rank sends along each dimension), at
-    ``inter``'s bandwidth where the dimension's groups cross nodes, else ``intra``'s."""
+    """Time per step to send ``bytes_per_dim`` (bytes one rank sends along each dimension): at
+    ``intra``'s bandwidth where the dimension's groups stay in a node; where they cross, at the
+    NICs of the group's members in a node (one 400 Gb/s NIC per GPU, NCCL running one ring per
+    NIC), capped by ``intra`` — ``m`` members per node give ``min(NVLink, m · NIC)``."""
     crosses = crosses_nodes(degrees, order, ranks_per_node)
-    seconds = {
-        dim: nbytes / (inter if crosses.get(dim) else intra).bandwidth_bytes_per_s
-        for dim, nbytes in bytes_per_dim.items()
-    }
+    groups = groups_in_order(degrees, order)
+    seconds = {}
+    for dim, nbytes in bytes_per_dim.items():
+        bandwidth = intra.bandwidth_bytes_per_s
+        if crosses.get(dim):  # one ring per NIC of the group's members in a node
+            members = sum(1 for r in groups[dim][0] if r // ranks_per_node == 0) or 1
+            bandwidth = min(bandwidth, members * inter.bandwidth_bytes_per_s)
+        seconds[dim] = nbytes / bandwidth
     return OrderCost(tuple(order), crosses, seconds)
 
 

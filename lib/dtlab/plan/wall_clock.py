@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from dtlab.cost import cluster_mtbf, gpu, young_daly_interval
 from dtlab.cost import training_days as cost_training_days
+from dtlab.cost.checkpoint_cost import CHECKPOINT_BYTES_PER_PARAM  # one convention everywhere
 from dtlab.plan.job import Requirements
-
-CHECKPOINT_BYTES_PER_PARAM = 14
-"""A checkpoint holds bf16 weights (2 B), the fp32 master copy (4 B) and Adam's m and v (8 B)."""
 
 
 def days_to_train(req: Requirements) -> float:
@@ -27,6 +25,9 @@ def days_to_train(req: Requirements) -> float:
 
 
 def checkpoint_interval_s(req: Requirements) -> float:
-    """Young/Daly: ``sqrt(2·C·MTBF)``, C = 14 B/param ÷ write bandwidth, MTBF = per-GPU MTBF / n."""
+    """Young/Daly for *synchronous* saves: ``sqrt(2·C·MTBF)``, C = the write of
+    :data:`~dtlab.cost.checkpoint_cost.CHECKPOINT_BYTES_PER_PARAM` (12 B/param: fp32 master and
+    Adam's two moments) ÷ write bandwidth, MTBF = per-GPU MTBF / n. With asynchronous saves the
+    cost is the blocking stall instead: :func:`dtlab.cost.checkpoint_cost.async_checkpoint_interval_s`."""
     cost_s = req.params * CHECKPOINT_BYTES_PER_PARAM / req.storage_write_bytes_per_s
     return young_daly_interval(cost_s, cluster_mtbf(req.per_gpu_mtbf_hours * 3600, req.n_gpus))
