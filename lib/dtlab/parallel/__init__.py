@@ -22,7 +22,7 @@ Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an on
 ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
 attention core by :func:`parallelize_context`.
 
-Activation memory (lab 09): :func:`recompute` and :class:`Recomputed` (full recomputation written
+Activation memory (lab 09): :func:`dtlab.parallel.recompute.recompute` and :class:`Recomputed` (full recomputation written
 from scratch), :func:`recompute_attention_core` (Megatron's selective), :func:`checkpoint_saving_matmuls`
 (PyTorch's op-level selective checkpointing), :class:`OffloadActivations` (saved tensors to the
 host) and :func:`accumulate_gradients` (K micro-batches, ``no_sync``).
@@ -56,7 +56,7 @@ from dtlab.parallel.full_state import gather_full_parameters
 from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.offload import offload_device
 from dtlab.parallel.pipeline import pipeline_gpt, simulate, validate
-from dtlab.parallel.recompute import Recomputed, recompute, recompute_attention_core
+from dtlab.parallel.recompute import Recomputed, recompute_attention_core
 from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls
 from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
 from dtlab.parallel.straggler import Straggler, straggle
@@ -79,7 +79,6 @@ __all__ = [
     "Recomputed",
     "accumulate_gradients",
     "checkpoint_saving_matmuls",
-    "recompute",
     "recompute_attention_core",
     "split_batch",
     "ExpertParallel",
