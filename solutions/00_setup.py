@@ -107,7 +107,11 @@ res.trace
 # that arrives early shows up as a longer bar (it is waiting for the others).
 
 # %%
-dtlab.viz.timeline(res.trace, title="Compute, then all-reduce, on every rank")
+dtlab.viz.timeline(
+    res.trace,
+    title="Compute, then all-reduce, on every rank",
+    caption="Each rank computes (blue), then all meet in the all-reduce (orange): it ends together.",
+)
 
 # %% [markdown]
 # ### When a rank fails
@@ -187,6 +191,7 @@ dtlab.viz.memory_bars(
     list(reports),
     predicted=formula.by_category,
     title="Model state per rank: measured vs 16 bytes/parameter",
+    caption="Solid (measured) and hatched (formula) bars are the same height on every rank.",
 )
 
 # %% [markdown]

@@ -154,9 +154,13 @@ def stages_side_by_side(per_rank: list[list[dict]], n: int, recipe: str) -> go.F
         template=dtlab.viz.DTLAB_TEMPLATE, barmode="stack", height=430,
         title=f"Model state per rank, N = {n} ({recipe}); solid measured, hatched formula"
         + (" (m / f)" if n > 2 else ""),
-        yaxis={"title": {"text": "MiB"}},
+        yaxis={"title": {"text": "model state per rank (MiB)"}},
     )  # fmt: skip
-    return fig
+    return dtlab.viz.describe(
+        fig,
+        x="rank",
+        caption="Left to right each stage shards one more kind of state; measured = formula.",
+    )
 
 
 stages_side_by_side(measured[2], 2, "fp32_adam")
@@ -361,7 +365,11 @@ for prefetch, run in fsdp_runs.items():
         f"(formula 2·{units}·3 = {6 * units}, {units}·3 = {3 * units}); "
         f"exposed comm {exposed_seconds(run.trace) * 1e3:.1f} ms"
     )
-dtlab.viz.timeline(fsdp_runs[True].trace, title="FSDP, one unit per block, with prefetch")
+dtlab.viz.timeline(
+    fsdp_runs[True].trace,
+    title="FSDP, one unit per block, with prefetch",
+    caption="Each block's all-gather (orange) runs while the previous block computes (blue).",
+)
 
 # %% [markdown]
 # ## 5. Offload: the optimizer state goes to the host <a id="offload"></a>

@@ -443,7 +443,12 @@ for phase in ("forward", "backward"):
         f"{phase:<8}: {(len(names) - len(loss_calls)) // STEPS} all-reduces of b·s·h per step "
         f"(formula 2·L + 1 = {2 * L + 1}), plus {len(loss_calls) // STEPS} of the loss's b·s"
     )
-dtlab.viz.timeline(traced.trace, title="Tensor-parallel GPT, 2 ranks", color_by="group")
+dtlab.viz.timeline(
+    traced.trace,
+    title="Tensor-parallel GPT, 2 ranks",
+    color_by="group",
+    caption="The tensor-parallel all-reduces (tp) sit inside every block, between its computations.",
+)
 
 # %% [markdown]
 # ## 7. The loss, from logits split by vocabulary <a id="vocab-parallel-ce"></a>
@@ -683,8 +688,9 @@ for col, (sp, per_rank) in enumerate(blocks.items(), start=1):
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE, barmode="stack", height=400,
     title="Activations one block saves, per rank (solid measured, hatched formula)",
-    yaxis={"title": {"text": "MiB"}},
+    yaxis={"title": {"text": "saved activations per rank (MiB)"}},
 )  # fmt: skip
+dtlab.viz.describe(fig, x="rank", caption="Solid = hatched on every rank; with SP the bar shrinks.")
 
 # %%
 modules = sorted({m for per_rank in blocks.values() for m in per_rank[0]["by_module"]})
@@ -751,8 +757,13 @@ for name in FABRICS:
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE, barmode="group",
     title="One 70B-class layer, forward + backward: compute vs TP communication",
-    yaxis={"title": {"text": "ms per layer per micro-batch"}},
+    yaxis={"title": {"text": "time per layer per micro-batch (ms)"}},
 )  # fmt: skip
+dtlab.viz.describe(
+    fig,
+    x="tensor-parallel degree",
+    caption="Compute shrinks as t grows; the all-reduces do not, and across nodes they dominate.",
+)
 
 # %% [markdown]
 # ## 11. TP or FSDP? <a id="tp-or-fsdp"></a>
@@ -840,9 +851,13 @@ fig.add_scatter(
 )
 fig.update_layout(
     template=dtlab.viz.DTLAB_TEMPLATE, title="7B-class model on one 8-GPU node: bytes each GPU sends per step",
-    xaxis={"title": {"text": "tokens per step through the node"}, "type": "log", "dtick": 1},
-    yaxis={"title": {"text": "GB per GPU"}, "type": "log", "dtick": 1},
+    xaxis={"title": {"text": "tokens per step through the node (tokens, log)"}, "type": "log", "dtick": 1},
+    yaxis={"title": {"text": "bytes sent per GPU per step (GB, log)"}, "type": "log", "dtick": 1},
 )  # fmt: skip
+dtlab.viz.describe(
+    fig,
+    caption="TP's traffic grows with the tokens; FSDP's is fixed by the parameters: they cross.",
+)
 
 # %% [markdown]
 # ## 12. Check your understanding

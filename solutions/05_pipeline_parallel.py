@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 import dtlab
+import dtlab.progress
 import dtlab.viz
 from dtlab import trace
 from dtlab.comm import Communicator
@@ -120,7 +121,11 @@ def show(schedule: Schedule, costs: Costs | None = None) -> go.Figure:
     sim = simulate(schedule, costs)
     print(schedule)
     print(sim.summary())
-    return dtlab.viz.timeline(sim.trace(), title=f"{schedule.name}: simulated")
+    return dtlab.viz.timeline(
+        sim.trace(),
+        title=f"{schedule.name}: simulated",
+        caption="Grey is the bubble: stages idle while the pipeline fills and drains.",
+    )
 
 
 # %% [markdown]
@@ -138,7 +143,8 @@ show(gpipe(4, 1))
 # ## 4. Run every schedule on the cluster, once <a id="executed"></a>
 #
 # Each section below compares its schedule's prediction with a run on real ranks. So the cluster
-# runs all five schedules now, and the sections read their part of the trace.
+# runs all five schedules now, and the sections read their part of the trace. The bar under the
+# cell follows rank 0 through the schedules (`dtlab.progress.track`, reported from the rank).
 #
 # The formulas assume every stage costs the same. The tiny GPT's compute is a millisecond or two
 # and noisy on shared cores, so each stage is wrapped in `FixedCost`: on top of the real work
@@ -199,7 +205,7 @@ def run_every_schedule(names: list[str], p: int, m: int, steps: int) -> dict:
     device, mesh = dtlab.device(), Mesh(pp=p)
     inputs, targets = (v.to(device) for v in SyntheticTokens(CONFIG, 1, MICRO_BATCH * m, seed=0)[0])
     out = {}
-    for name in names:
+    for name in dtlab.progress.track(names, desc="schedules"):  # a bar in the notebook
         schedule = SCHEDULES[name](p, m)
         stages = split_into_stages(GPT(CONFIG, seed=0, device=device), schedule.n_stages)
         scale = p / schedule.n_stages  # v stages per rank: each 1/v of the work
@@ -312,7 +318,11 @@ show(gpipe(P, M))
 # with messages (short on CPU) where the simulation had none.
 
 # %%
-dtlab.viz.timeline(executed("gpipe"), title="GPipe: executed on the cluster")
+dtlab.viz.timeline(
+    executed("gpipe"),
+    title="GPipe: executed on the cluster",
+    caption="Grey is idle time: compare the bubble with the simulated schedule above.",
+)
 
 # %% [markdown]
 # Look for: the measured bubble a few points above the formula — the messages, which the
@@ -335,7 +345,11 @@ compare("gpipe", bubble_fraction_of_total(P, M))
 show(one_f_one_b(P, M))
 
 # %%
-dtlab.viz.timeline(executed("1f1b"), title="1F1B: executed on the cluster")
+dtlab.viz.timeline(
+    executed("1f1b"),
+    title="1F1B: executed on the cluster",
+    caption="Grey is idle time: compare the bubble with the simulated schedule above.",
+)
 
 # %%
 compare("1f1b", bubble_fraction_of_total(P, M))
@@ -419,10 +433,10 @@ fig.add_scatter(
 )
 fig.update_layout(
     title="Bubble against micro-batches, p = 4",
-    xaxis_title="micro-batches m",
+    xaxis_title="micro-batches m (count)",
     yaxis_title="idle / total (%)",
 )
-fig
+dtlab.viz.describe(fig, caption="The bubble falls as 1/m: below 10% only from m = 28.")
 
 # %% [markdown]
 # And against `p` at a fixed `m = 8`: deeper pipelines idle more, since fill and drain grow with
@@ -442,10 +456,10 @@ fig.add_scatter(
 )
 fig.update_layout(
     title="Bubble against pipeline ranks, m = 8",
-    xaxis_title="pipeline ranks p",
+    xaxis_title="pipeline ranks p (count)",
     yaxis_title="idle / total (%)",
 )
-fig
+dtlab.viz.describe(fig, caption="Deeper pipelines idle more: 0% at p = 1, 48% at p = 8.")
 
 # %% [markdown]
 # ### Exercise: compute the bubble <a id="exercise-bubble"></a>
@@ -481,7 +495,11 @@ check_exercise("pipeline.bubble_fraction", bubble_fraction, cluster)
 show(interleaved_1f1b(P, M, 2))
 
 # %%
-dtlab.viz.timeline(executed("interleaved_1f1b"), title="Interleaved 1F1B (v=2): executed")
+dtlab.viz.timeline(
+    executed("interleaved_1f1b"),
+    title="Interleaved 1F1B (v=2): executed",
+    caption="Grey is idle time: compare the bubble with the simulated schedule above.",
+)
 
 # %%
 compare("interleaved_1f1b", interleaved_bubble_fraction_of_total(P, M, 2))
@@ -520,7 +538,11 @@ show(SCHEDULES["zb_h1"](P, M))
 # know: its I is empty, so its W carries the whole backward.
 
 # %%
-dtlab.viz.timeline(executed("zb_h1"), title="ZB-H1: executed on the cluster")
+dtlab.viz.timeline(
+    executed("zb_h1"),
+    title="ZB-H1: executed on the cluster",
+    caption="Grey is idle time: compare the bubble with the simulated schedule above.",
+)
 
 # %%
 compare("zb_h1")
@@ -538,7 +560,11 @@ compare("zb_h1")
 show(SCHEDULES["dualpipe_v"](P, M))
 
 # %%
-dtlab.viz.timeline(executed("dualpipe_v"), title="DualPipeV: executed on the cluster")
+dtlab.viz.timeline(
+    executed("dualpipe_v"),
+    title="DualPipeV: executed on the cluster",
+    caption="Grey is idle time: compare the bubble with the simulated schedule above.",
+)
 
 # %%
 compare("dualpipe_v")

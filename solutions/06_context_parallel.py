@@ -260,7 +260,11 @@ print(
 # %%
 step0 = ring.trace.filter(step=0)
 print(f"hidden fraction of the ring's transfers: {step0.hidden_fraction():.0%}")
-dtlab.viz.timeline(step0, title="Ring attention, forward and backward, one step")
+dtlab.viz.timeline(
+    step0,
+    title="Ring attention, forward and backward, one step",
+    caption="K/V transfers (orange) overlap the block computations (blue): that part is hidden.",
+)
 
 # %% [markdown]
 # ## 5. The causal imbalance <a id="causal-imbalance"></a>
@@ -305,10 +309,12 @@ for style in ("contiguous", "zigzag"):
 fig.update_layout(
     title="Unmasked causal scores per rank, S = 1024, N = 8",
     xaxis_title="CP rank",
-    yaxis_title="unmasked scores",
+    yaxis_title="unmasked scores (count)",
     barmode="group",
 )
-fig
+dtlab.viz.describe(
+    fig, caption="Contiguous bars rise from rank 0 to rank 7; zig-zag bars are level."
+)
 
 # %% [markdown]
 # ### Exercise: write the zig-zag layout <a id="exercise-zigzag"></a>

@@ -248,3 +248,62 @@ def test_unknown_topic_lists_the_topics(bank_dir, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert main(drill_args(bank_dir, "--topic", "gamma")) == 2
     assert "no topic 'gamma'; choose one of: alpha, beta" in capsys.readouterr().out
+
+
+# -- issue 21: Markdown rendered for the terminal, wrapped; skip / Ctrl-D / Ctrl-C scored alike --
+
+
+class _Interrupting(io.StringIO):
+    """stdin whose next read is Ctrl-C."""
+
+    def readline(self, *args):
+        raise KeyboardInterrupt
+
+
+def _session(bank_dir: Path, stdin, width: int = 80):
+    from dtlab.cli.drill import DrillSession
+
+    bank = load_bank(bank_dir)
+    items = [bank["alpha.pick"], bank["alpha.number"], bank["beta.many"]]
+    out = io.StringIO()
+    session = DrillSession(items, bank, stdin=stdin, stdout=out, record=False, width=width)
+    return session, out
+
+
+def test_skip_end_of_input_and_ctrl_c_score_the_question_on_screen_the_same(bank_dir):
+    outcomes = {}
+    for how, stdin in {
+        "skip then quit": io.StringIO("skip\nquit\n"),
+        "end of input": io.StringIO(""),
+        "ctrl-c": _Interrupting(),
+    }.items():
+        session, out = _session(bank_dir, stdin)
+        score = session.run()
+        statuses = [r.status for r in score.results]
+        outcomes[how] = (statuses[0], statuses.count("skipped") + statuses.count("unanswered"))
+        assert "Score: 0.0 / 3" in out.getvalue(), how
+        assert score.interrupted == (how == "ctrl-c")
+    assert set(outcomes.values()) == {("skipped", 3)}
+
+
+def test_ctrl_c_exits_130_with_the_whole_set_in_the_score(bank_dir, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", _Interrupting())
+    assert main(drill_args(bank_dir, "--n", "3", "--seed", "2", "--no-record")) == 130
+    out = capsys.readouterr().out
+    assert "Interrupted." in out and "Score: 0.0 / 3" in out and "Skipped 1, not reached 2" in out
+
+
+def test_questions_and_feedback_render_as_wrapped_markdown_without_internals(bank_dir):
+    long_text = "a very long option " * 12
+    (bank_dir / "alpha.yaml").write_text(
+        BANK_FILES["alpha.yaml"]
+        .replace("Pick b.", "Pick `b` with **care**.")
+        .replace("text: wrong one", f"text: {long_text.strip()}")
+    )
+    session, out = _session(bank_dir, io.StringIO("b\n27\n"), width=60)
+    session.run()
+    text = out.getvalue()
+    assert "Pick b with care." in text and "`" not in text and "**" not in text
+    assert all(len(line.rstrip()) <= 60 for line in text.splitlines()), "a line ran past the width"
+    assert "key is" not in text and "Computed by" not in text
+    assert "The answer is 6" in text  # the numeric answer, without how the library computed it

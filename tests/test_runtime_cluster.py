@@ -206,3 +206,33 @@ def test_run_returns_trace_of_spans(cluster2):
     assert sorted({s.rank for s in out.trace.spans}) == [0, 1]
     assert sorted(s.name for s in out.trace.spans) == ["allreduce", "allreduce", "work", "work"]
     assert cluster2.last_trace is out.trace
+
+
+def test_a_closed_cluster_reopens_for_a_graded_exercise():
+    """Issue 21: after "Run All" the lab's last cell has closed the cluster; re-running an
+    exercise cell must still grade on live ranks, and close() must stop them again."""
+    from dtlab.quiz import check_exercise
+
+    def rank_sum():
+        t = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(t)
+        return t
+
+    cluster = Cluster(2)
+    old_pids = cluster.pids
+    cluster.close()
+    assert cluster.closed
+    result = check_exercise("setup.rank_sum", rank_sum, cluster, record=False)
+    assert result.passed, result.message
+    assert not cluster.closed and cluster.pids and cluster.pids != old_pids
+    new_pids = cluster.pids
+    cluster.close()
+    deadline = time.time() + 10
+    while any(pid_alive(p) for p in new_pids) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in new_pids)
+    cluster.reopen()
+    try:
+        assert cluster.run(lambda: dtlab.rank()) == [0, 1]
+    finally:
+        cluster.close()

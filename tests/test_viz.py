@@ -208,3 +208,48 @@ def test_memory_bar_totals_keep_three_digits_and_compact_bars_fit_many_ranks():
     fig = viz.memory_bars(four, {"params": MIB}, compact=True)
     assert not [t for t in fig.data if isinstance(t, go.Scatter)]  # totals on hover only
     assert {label for t in fig.data for label in t.x[1]} == {"m", "f"}
+
+
+# -- issue 21: every chart has a title, axis titles with units, a legend off the data, a caption --
+
+
+def test_every_library_chart_follows_the_chart_rules(ddp_like_trace):
+    from dtlab.bench.collectives import BenchRecord, summarize
+    from dtlab.viz.chart import chart_problems
+    from dtlab.viz.memory_calculator import stage_bars
+
+    records = [
+        BenchRecord("all_reduce", a, 4, "gloo", m, 1e-3 + m / 1e9, 0.0, 0.0, 3)
+        for a in ("ring", "torch")
+        for m in (1024, 1 << 20)
+    ]
+    figures = {
+        "timeline": viz.timeline(ddp_like_trace),
+        "timeline by group": viz.timeline(ddp_like_trace, color_by="group"),
+        "memory bars": viz.memory_bars([{"params": MIB}] * 2, {"params": MIB}),
+        "memory bars, no formula": viz.memory_bars([{"params": MIB}] * 2),
+        "bandwidth": viz.bandwidth_curve(records, summarize(records)),
+        "ZeRO stages": stage_bars(7_000_000_000, 8, 2),
+    }
+    problems = {name: chart_problems(fig) for name, fig in figures.items()}
+    assert problems == {name: [] for name in figures}
+    assert "latency" in figures["bandwidth"].layout.meta["caption"]
+
+
+def test_chart_problems_names_what_a_bare_figure_lacks():
+    from dtlab.viz.chart import chart_problems, describe
+
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
+    fig.update_layout(legend={"x": 0.5, "y": 0.5}, xaxis_title="size")
+    assert chart_problems(fig) == [
+        "no title",
+        "no caption (describe(fig, caption=...))",
+        "xaxis title 'size' names no unit in parentheses",
+        "yaxis has no title",
+        "the legend sits inside the plot area (x=0.5, y=0.5)",
+    ]
+    describe(fig, title="t", caption="what to see", y="time (ms)")
+    fig.update_layout(xaxis_title="size (bytes)")
+    assert chart_problems(fig) == []
+    with pytest.raises(ValueError, match="caption"):
+        describe(fig, caption=" ")

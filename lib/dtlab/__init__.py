@@ -55,6 +55,7 @@ _SUBMODULES = {
     "parallel",
     "plan",
     "precision",
+    "progress",
     "quiz",
     "trace",
     "viz",

@@ -9,15 +9,21 @@ your progress file, so the next drill knows what to bring back.
   (90 s per question; ``--time-limit SECONDS`` to change it), then a score by topic. An answer
   given after the deadline gets its feedback but scores 0.
 
-While answering: ``skip`` (or ``s``) moves on, ``quit`` (or ``q``, or end of input) stops and
-shows the score so far. Choices are answered with keys (``b``, ``a c``), numbers with or
+While answering: ``skip`` (or ``s``) moves on, ``quit`` (or ``q``, end of input with Ctrl-D, or
+Ctrl-C) stops and shows the score. Scoring is the same whichever way a question is left: every
+question of the set is in the score's denominator; the one on screen when you skip or stop counts
+as *skipped*, the ones never shown as *not reached*, all scoring 0. Choices are answered with keys (``b``, ``a c``), numbers with or
 without a unit (``1.12 TB``), orderings with the step keys in order, and spoken answers by
 ticking the rubric points you made (``1 3``, ``all``, ``none``).
+
+Questions and feedback are Markdown rendered for the terminal by ``rich`` (code, lists, links as
+"text (target)"), wrapped to the terminal's width; the feedback never shows grader internals.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +44,10 @@ class _EndOfInput(Exception):
 
 
 class DrillSession:
-    """Asks ``items`` one by one on ``stdin``/``stdout``; ``clock`` is injectable for tests."""
+    """Asks ``items`` one by one on ``stdin``/``stdout``; ``clock`` is injectable for tests.
+
+    ``width`` is the wrap width (default: the terminal's, 80 when output is not a terminal).
+    """
 
     def __init__(
         self,
@@ -52,7 +61,10 @@ class DrillSession:
         record: bool = True,
         learner: str | None = None,
         progress_path: Path | None = None,
+        width: int | None = None,
     ):
+        from rich.console import Console
+
         from dtlab.quiz.drill import MockScore
 
         self.items, self.bank = items, bank
@@ -60,9 +72,30 @@ class DrillSession:
         self.time_limit_s, self.clock = time_limit_s, clock
         self.record, self.learner, self.progress_path = record, learner, progress_path
         self.score = MockScore()
+        is_terminal = hasattr(stdout, "isatty") and stdout.isatty()
+        self.console = Console(
+            file=stdout,
+            width=width or (shutil.get_terminal_size().columns if is_terminal else 80),
+            force_terminal=is_terminal,
+            no_color=not is_terminal,
+            highlight=False,
+            emoji=False,
+            soft_wrap=False,
+        )
 
     def say(self, text: str = "") -> None:
-        print(text, file=self.stdout, flush=True)
+        """Print plain text, wrapped to the width (never read as markup)."""
+        self.console.print(text, markup=False)
+        self.stdout.flush()
+
+    def show(self, markdown: str) -> None:
+        """Print Markdown rendered for the terminal, wrapped to its width."""
+        from rich.markdown import Markdown
+
+        from dtlab.quiz.feedback import terminal_links
+
+        self.console.print(Markdown(terminal_links(markdown), hyperlinks=False))
+        self.stdout.flush()
 
     def read(self, prompt: str = "> ") -> str:
         self.stdout.write(prompt)
@@ -79,6 +112,7 @@ class DrillSession:
     def run(self) -> MockScore:
         """Ask every item (until the end, a quit, end of input or the deadline); the score."""
         from dtlab.quiz.drill import Answered
+        from dtlab.quiz.feedback import answer_markdown
 
         deadline = None if self.time_limit_s is None else self.clock() + self.time_limit_s
         stopped = None
@@ -90,15 +124,22 @@ class DrillSession:
                 f"\n── Question {number}/{len(self.items)} · {item.topic}{self._time_left(deadline)}"
             )
             try:
-                result = self.ask(item)
-            except _EndOfInput as reason:
-                stopped = "Stopped at your request." if str(reason) == "quit" else "End of input."
+                asked = self.ask(item)
+            except (_EndOfInput, KeyboardInterrupt) as reason:
+                # the question on screen counts as skipped, however the drill was left
+                self.score.add(Answered(item, 0.0, False, "skipped"))
+                self.score.interrupted = isinstance(reason, KeyboardInterrupt)
+                stopped = {
+                    "quit": "Stopped at your request.",
+                    "end of input": "End of input.",
+                }.get(str(reason), "Interrupted.")
                 break
-            if result is None:
+            if asked is None:
                 self.score.add(Answered(item, 0.0, False, "skipped"))
                 continue
+            response, result = asked
             late = deadline is not None and self.clock() > deadline
-            self.say(result.feedback)
+            self.show(answer_markdown(item, response, result))
             if late:
                 self.say("(Answered after the time limit: it counts 0 in the mock score.)")
             self.score.add(
@@ -123,28 +164,31 @@ class DrillSession:
         return f" · {left // 60}:{left % 60:02d} left"
 
     def ask(self, item):
-        """Show ``item``, read answers until one has a gradable shape; the Grade, or None if skipped."""
-        from dtlab.quiz.practice import attempt, item_as_text
+        """Show ``item``, read answers until one has a gradable shape.
+
+        Returns ``(response, Grade)``, or None if skipped.
+        """
+        from dtlab.quiz.drill import item_as_markdown
+        from dtlab.quiz.practice import attempt
         from dtlab.quiz.schema import AnswerError
 
+        self.show(item_as_markdown(item))
         if item.kind == "short":
-            self.say(f"[{item.id} · {item.difficulty}]\n{item.prompt}")
-            self.say("\nAnswer out loud (or type it), then press Enter to see the rubric.")
             if self.read().lower() in ("s", "skip"):
                 return None
-            self.say("Which points did your answer make?")
-            for index, point in enumerate(item.rubric, start=1):
-                self.say(f"  {index}. {point}")
-            self.say("Type their numbers (e.g. '1 3'), 'all' or 'none'.")
-        else:
-            self.say(item_as_text(item))
+            rubric = "\n".join(f"{i}. {point}" for i, point in enumerate(item.rubric, start=1))
+            self.show(
+                "Which points did your answer make?\n\n"
+                + rubric
+                + "\n\nType their numbers (e.g. `1 3`), `all` or `none`."
+            )
         for _ in range(MAX_BAD_ANSWERS):
             text = self.read()
             if text.lower() in ("s", "skip"):
                 return None
             try:
                 response = _rubric_ticks(text, len(item.rubric)) if item.kind == "short" else text
-                return attempt(
+                result = attempt(
                     item.id,
                     response,
                     bank=self.bank,
@@ -152,10 +196,18 @@ class DrillSession:
                     progress_path=self.progress_path,
                     record=self.record,
                 )
+                return _as_response(item, response), result
             except AnswerError as error:
                 self.say(f"That answer does not fit the question: {error}. Try again, or 'skip'.")
         self.say("Skipping this one.")
         return None
+
+
+def _as_response(item, text):
+    """The typed answer in the shape the feedback reads (keys as a list for multi items)."""
+    if item.kind in ("multi", "ordering") and isinstance(text, str):
+        return text.replace(",", " ").split()
+    return text
 
 
 def _rubric_ticks(text: str, n_points: int) -> list[int]:
@@ -223,12 +275,8 @@ def run_drill(
         learner=args.learner,
         progress_path=args.progress,
     )
-    try:
-        session.run()
-    except KeyboardInterrupt:
-        print("\nInterrupted.\n" + session.score.report(), file=stdout)
-        return 130
-    return 0
+    score = session.run()
+    return 130 if score.interrupted else 0
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,30 @@ SECONDS_PER_ITEM = 90.0
 TERMINAL_KINDS = ("choice", "multi", "numeric", "ordering", "short")
 
 
+def item_as_markdown(item: Item) -> str:
+    """The question as Markdown for a terminal (rendered by ``rich``), with how to answer it."""
+    lines = [f"**{item.id}** · {item.difficulty}", "", item.prompt, ""]
+    if item.kind in ("choice", "multi"):
+        lines += [f"- **({c.key})** {c.text}" for c in item.choices]
+        lines += [
+            "",
+            "Answer with one key."
+            if item.kind == "choice"
+            else "Answer with every right key, e.g. `a c`.",
+        ]
+    elif item.kind == "numeric":
+        lines.append(
+            f"Answer with a number in {item.unit}." if item.unit else "Answer with a number."
+        )
+    elif item.kind == "ordering":
+        lines += [f"- **{s.key}**: {s.text}" for s in item.steps]
+        order = " ".join(s.key for s in item.steps)
+        lines += ["", f"Answer with the keys in order, e.g. `{order}`."]
+    elif item.kind == "short":
+        lines.append("Answer out loud (or type it), then press Enter to see the rubric.")
+    return "\n".join(lines)
+
+
 def latest_scores(records: Iterable[dict]) -> dict[str, float]:
     """item id → the score of its most recent attempt (records ordered by ``ts``)."""
     latest: dict[str, tuple[str, float]] = {}
@@ -146,6 +170,7 @@ class MockScore:
     """Per-topic totals of a drill or mock interview."""
 
     results: list[Answered] = field(default_factory=list)
+    interrupted: bool = False  # the learner pressed Ctrl-C (the exit status says so)
 
     def add(self, result: Answered) -> None:
         self.results.append(result)
@@ -171,6 +196,14 @@ class MockScore:
         lines.append(f"  {'topic':<16} {'right':>7} {'score':>6}")
         for t in self.by_topic():
             lines.append(f"  {t.topic:<16} {t.correct:>3}/{t.asked:<3} {t.percent:>5.0f}%")
+        left = {
+            status: sum(r.status == status for r in self.results)
+            for status in ("skipped", "unanswered")
+        }
+        if any(left.values()):
+            lines.append(
+                f"Skipped {left['skipped']}, not reached {left['unanswered']} (each scores 0)."
+            )
         missed = [r for r in self.results if not r.correct]
         if missed:
             lines.append("Review next: " + ", ".join(r.item.id for r in missed))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import linecache
 import math
 import pkgutil
 import re
@@ -48,17 +49,17 @@ class GradeResult:
         return f"[{mark}] {self.exercise_id}: {self.message}".rstrip()
 
     def _repr_html_(self) -> str:
+        # No <table>: notebook front ends right-align table cells, which made tracebacks unreadable.
         colour, mark = ("#1a7f37", "✔ Passed") if self.passed else ("#cf222e", "✘ Not yet")
         rows = "".join(
-            f"<tr><td><b>{html.escape(str(k))}</b></td><td><pre style='margin:0'>"
-            f"{html.escape(str(v))}</pre></td></tr>"
+            f"<div style='text-align:left'><b>{html.escape(str(k))}</b>"
+            f"<pre style='text-align:left;white-space:pre-wrap;margin:2px 0 6px 0'>"
+            f"{html.escape(str(v))}</pre></div>"
             for k, v in self.details.items()
         )
-        details = (
-            f"<details><summary>details</summary><table>{rows}</table></details>" if rows else ""
-        )
+        details = f"<details><summary>details</summary>{rows}</details>" if rows else ""
         return (
-            f"<div style='border-left:4px solid {colour};padding:4px 10px'>"
+            f"<div style='border-left:4px solid {colour};padding:4px 10px;text-align:left'>"
             f"<b style='color:{colour}'>{mark}</b> <code>{html.escape(self.exercise_id)}</code>"
             f"<pre style='white-space:pre-wrap;margin:4px 0'>{html.escape(self.message)}</pre>"
             f"{details}</div>"
@@ -175,6 +176,25 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def learner_line(trace: str, fn: Callable) -> str:
+    """The deepest traceback line inside the learner's function, e.g.
+    ``line 4 in rank_sum: t = dist.all_reduce(x)``; "" when the traceback never enters it."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not trace:
+        return ""
+    lines = trace.splitlines()
+    found = ""
+    for i, line in enumerate(lines):
+        frame = re.match(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)', line)
+        if frame and frame["file"] == code.co_filename:
+            source = linecache.getline(code.co_filename, int(frame["line"])).strip()
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            if not source and following.startswith("    ") and following.strip()[:1] not in "^~":
+                source = following.strip()
+            found = f"line {frame['line']} in {frame['name']}" + (f": {source}" if source else "")
+    return found
+
+
 def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any]]:
     name = getattr(fn, "__name__", "your function")
     stub = f"Not implemented yet: write the body of `{name}` (replace the `raise NotImplementedError`)."
@@ -192,7 +212,12 @@ def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any
             what = f"{remote_type}: {getattr(error, 'remote_message', '')}"
         else:
             what = remote.strip().splitlines()[-1] if remote.strip() else str(error)
-        return f"Rank {rank} raised {what}", {"rank": rank, "traceback (tail)": _tail(remote)}
+        yours = learner_line(remote, fn)
+        first = f"Your {yours}\n" if yours else ""
+        return f"{first}Rank {rank} raised {what}", {
+            "rank": rank,
+            "traceback (tail)": _tail(remote),
+        }
     if _is(error, "ClusterTimeout"):
         return (
             f"`{name}` did not finish in time: a rank is probably waiting in a collective that "
@@ -209,7 +234,9 @@ def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any
     if isinstance(error, AssertionError):
         return f"Your result does not match the reference.\n{error}", {}
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return f"Checking `{name}` failed with {type(error).__name__}: {error}", {
+    yours = learner_line(trace, fn)
+    first = f"Your {yours}\n" if yours else ""
+    return f"{first}Checking `{name}` failed with {type(error).__name__}: {error}", {
         "traceback (tail)": _tail(trace)
     }
 
@@ -217,6 +244,8 @@ def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any
 def _run_grader(entry: Exercise, fn: Callable, cluster: Any) -> GradeResult:
     owned = None
     try:
+        if getattr(cluster, "closed", False) and hasattr(cluster, "reopen"):
+            cluster.reopen()  # closed by an earlier cell (e.g. the lab's last one, after Run All)
         if cluster is None:
             import dtlab
 

@@ -13,7 +13,9 @@ What a response looks like, per kind:
 A response of the wrong *shape* (text for a number, an unknown key, an ordering that is not a
 permutation) raises :class:`AnswerError` with what is expected — it is never graded as wrong.
 Feedback is plain text: the verdict, why each chosen (or missed) option is right or wrong, and
-the item's explanation.
+the item's explanation. It is the full report for item authors and tests (it names the key and
+how the library computed it); learners never see it: quiz cells and the drill show
+:mod:`dtlab.quiz.feedback`'s hint-then-answer Markdown instead.
 """
 
 from __future__ import annotations

@@ -1,59 +1,38 @@
-"""Quiz cells for notebooks: ``ask("setup.world_size")`` shows the question, an input that fits its
-kind, a Check button, the feedback (why the chosen answer is right, or why that wrong choice is
-wrong) and a Retry button. Every graded attempt is appended to the progress file.
+"""Quiz cells for notebooks: ``ask("setup.world_size")`` shows the question (Markdown, math), an
+input that fits its kind, a Check button, feedback and a Retry button. A first miss gets a hint —
+the idea to revisit, linked to its lab section — and the answer comes only after a second miss or
+*Show answer* (:mod:`dtlab.quiz.feedback`). Every graded attempt is appended to the progress file.
 
-Inputs by kind: radio buttons (choice), checkboxes (multi), a text box that accepts units
-(numeric), up/down buttons (ordering), an answer box then rubric checkboxes (short), and a pointer
-to the exercise cell (code). The cell is fully usable headlessly: ``cell.submit(response)``
+Inputs by kind: one radio button per option row (choice), checkboxes (multi), both beside
+wrapping Markdown text; a text box that accepts units and checks on Enter (numeric); up/down
+buttons (ordering); an answer box then rubric checkboxes (short); a pointer to the exercise cell
+(code). The cell is fully usable headlessly: ``cell.submit(response)``
 grades a response directly, and the real widgets' values and ``.click()`` drive it too.
 """
 
 from __future__ import annotations
 
-import html
-import re
+import contextlib
 import warnings
 from pathlib import Path
 
 import ipywidgets as w
 
 from dtlab.quiz.bank import Bank, cached_bank, load_bank
+from dtlab.quiz.cell_style import AMBER, GREEN, QUIZ_CSS, RED, feedback_html, text_box
+from dtlab.quiz.feedback import answer_markdown, hint_markdown, link_markdown, markdown_to_html
 from dtlab.quiz.grading import grade
 from dtlab.quiz.progress import record_attempt
 from dtlab.quiz.schema import AnswerError, Grade, Item
 
-GREEN, RED, AMBER = "#1a7f37", "#cf222e", "#9a6700"
-
-
-def markdown_to_html(text: str) -> str:
-    """Just enough markdown for prompts: paragraphs, `code`, **bold**, *italic*, '- ' lists."""
-    blocks = []
-    for block in re.split(r"\n\s*\n", text.strip()):
-        escaped = html.escape(block)
-        escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-        escaped = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", escaped)
-        escaped = re.sub(r"(?<![*\w])\*([^*\n]+)\*(?!\*)", r"<i>\1</i>", escaped)
-        lines = escaped.splitlines()
-        if all(line.lstrip().startswith("- ") for line in lines):
-            items = "".join(f"<li>{line.lstrip()[2:]}</li>" for line in lines)
-            blocks.append(f"<ul>{items}</ul>")
-        else:
-            blocks.append(f"<p>{' '.join(lines)}</p>")
-    return "".join(blocks)
-
-
-def _feedback_html(grade_: Grade) -> str:
-    colour = GREEN if grade_.correct else (AMBER if grade_.score > 0 else RED)
-    first, *rest = grade_.feedback.splitlines()
-    body = "<br>".join(html.escape(line).replace("  ", "&nbsp;&nbsp;") for line in rest)
-    return (
-        f"<div style='border-left:4px solid {colour};padding:4px 10px'>"
-        f"<b style='color:{colour}'>{html.escape(first)}</b><br>{body}</div>"
-    )
-
 
 class QuizCell:
-    """One interactive question. ``widget`` is the ipywidgets box; ``attempts`` the grades so far."""
+    """One interactive question. ``widget`` is the ipywidgets box; ``attempts`` the grades so far.
+
+    A first miss shows a hint (the idea to revisit, linked to its lab section); the answer comes
+    after a second miss, a right answer, or the *Show answer* button. Enter in a number box
+    checks it.
+    """
 
     def __init__(
         self,
@@ -71,73 +50,142 @@ class QuizCell:
         self.progress_path = progress_path
         self.record = record
         self.attempts: list[Grade] = []
+        self.misses = 0
+        self.feedback_markdown = ""
+        self._last_response: object = None
+        self._locked = False
         self.check_button = w.Button(description="Check", button_style="primary")
+        self.show_answer_button = w.Button(
+            description="Show answer", layout=w.Layout(display="none")
+        )
         self.retry_button = w.Button(description="Retry", layout=w.Layout(display="none"))
-        self.feedback = w.HTMLMath(value="")
+        self.feedback = w.HTMLMath(value="", layout=w.Layout(width="auto"))
+        self.feedback.add_class("dtlab-text")
+        self.feedback.add_class("dtlab-feedback")
         self.check_button.on_click(lambda _: self._on_check())
+        self.show_answer_button.on_click(lambda _: self.show_answer())
         self.retry_button.on_click(lambda _: self.retry())
         self._inputs: list[w.Widget] = []
         input_box = self._build_input()
-        meta = f"{item.id} · {item.difficulty} · see {item.link}"
+        meta = f"`{item.id}` · {item.difficulty} · see {link_markdown(item.link)}"
         self.widget = w.VBox(
             [
-                w.HTMLMath(value=markdown_to_html(item.prompt)),
+                w.HTML(value=QUIZ_CSS),
+                text_box(item.prompt),
                 input_box,
-                w.HBox([self.check_button, self.retry_button]),
+                w.HBox([self.check_button, self.show_answer_button, self.retry_button]),
                 self.feedback,
-                w.HTML(value=f"<small style='color:#666'>{html.escape(meta)}</small>"),
-            ]
+                w.HTML(value=f"<small style='color:#666'>{markdown_to_html(meta)}</small>"),
+            ],
+            layout=w.Layout(width="100%"),
         )
+        self.widget.add_class("dtlab-quiz")
 
     # -- inputs per kind ---------------------------------------------------------------------
+
+    def _option_row(self, control: w.Widget, markdown: str) -> w.HBox:
+        control.add_class("dtlab-control")
+        row = w.HBox([control, text_box(markdown)], layout=w.Layout(width="100%"))
+        row.add_class("dtlab-option")
+        return row
 
     def _build_input(self) -> w.Widget:
         kind = self.item.kind
         if kind == "choice":
-            options = [(f"({c.key}) {c.text}", c.key) for c in self.item.choices]
-            self.radio = w.RadioButtons(options=options, value=None, layout=w.Layout(width="auto"))
-            self._inputs = [self.radio]
-            return self.radio
+            # one single-option radio per row: real radio controls, each beside wrapping text
+            self.choice_buttons = {
+                c.key: w.RadioButtons(
+                    options=[(f"({c.key})", c.key)], value=None, layout=w.Layout(width="auto")
+                )
+                for c in self.item.choices
+            }
+            for button in self.choice_buttons.values():
+                button.observe(self._one_choice_only, "value")
+            self._inputs = list(self.choice_buttons.values())
+            self.option_rows = [
+                self._option_row(self.choice_buttons[c.key], c.text) for c in self.item.choices
+            ]
+            return w.VBox(self.option_rows, layout=w.Layout(width="100%"))
         if kind == "multi":
             self.checkboxes = {
-                c.key: w.Checkbox(value=False, description=f"({c.key}) {c.text}", indent=False)
+                c.key: w.Checkbox(
+                    value=False,
+                    description=f"({c.key})",
+                    indent=False,
+                    layout=w.Layout(width="auto"),
+                )
                 for c in self.item.choices
             }
             self._inputs = list(self.checkboxes.values())
-            return w.VBox(self._inputs)
+            self.option_rows = [
+                self._option_row(self.checkboxes[c.key], c.text) for c in self.item.choices
+            ]
+            return w.VBox(self.option_rows, layout=w.Layout(width="100%"))
         if kind == "numeric":
-            hint = f"a number in {self.item.unit}" if self.item.unit else "a number"
-            self.number = w.Text(placeholder=hint)
+            hint = (
+                f"a number in {self.item.unit}, then Enter"
+                if self.item.unit
+                else "a number, then Enter"
+            )
+            # continuous_update=False: the value arrives on Enter (or leaving the box) — checked then
+            self.number = w.Text(placeholder=hint, continuous_update=False)
+            self.number.observe(self._on_enter, "value")
             self._inputs = [self.number]
             return w.HBox([self.number, w.Label(self.item.unit)])
         if kind == "ordering":
             self.order = [s.key for s in self.item.steps]
-            self.order_box = w.VBox()
+            self.order_box = w.VBox(layout=w.Layout(width="100%"))
             self._render_order()
             return self.order_box
         if kind == "short":
-            self.answer_text = w.Textarea(
-                placeholder="Write (or say out loud) your answer, then reveal the rubric"
+            self.answer_text = w.Text(
+                placeholder="Write (or say out loud) your answer, then Enter to see the rubric",
+                continuous_update=False,
+                layout=w.Layout(width="100%"),
             )
+            self.answer_text.observe(lambda change: change["new"] and self.reveal_rubric(), "value")
             self.reveal_button = w.Button(description="Reveal rubric")
             self.rubric_boxes = [
-                w.Checkbox(value=False, description=p, indent=False) for p in self.item.rubric
+                w.Checkbox(
+                    value=False,
+                    description=f"{i + 1}.",
+                    indent=False,
+                    layout=w.Layout(width="auto"),
+                )
+                for i, _ in enumerate(self.item.rubric)
+            ]
+            self.rubric_rows = [
+                self._option_row(box, point)
+                for box, point in zip(self.rubric_boxes, self.item.rubric, strict=True)
             ]
             self.rubric_panel = w.VBox(
-                [w.HTML("<b>Tick the points your answer made:</b>"), *self.rubric_boxes],
-                layout=w.Layout(display="none"),
+                [w.HTML("<b>Tick the points your answer made:</b>"), *self.rubric_rows],
+                layout=w.Layout(display="none", width="100%"),
             )
             self.check_button.layout.display = "none"
             self.reveal_button.on_click(lambda _: self.reveal_rubric())
             self._inputs = [self.answer_text, *self.rubric_boxes]
             return w.VBox([self.answer_text, self.reveal_button, self.rubric_panel])
         self.check_button.layout.display = "none"  # code: graded by check_exercise in the lab cell
-        return w.HTML(
-            markdown_to_html(
-                f"Solve this in the lab's exercise cell, then run "
-                f'`check_exercise("{self.item.exercise}", your_function, cluster)`.'
-            )
+        return text_box(
+            f"Solve this in the lab's exercise cell, then run "
+            f'`check_exercise("{self.item.exercise}", your_function, cluster)`.'
         )
+
+    def _one_choice_only(self, change: dict) -> None:
+        if change["new"] is None:
+            return
+        for key, button in self.choice_buttons.items():
+            if key != change["new"] and button.value is not None:
+                button.value = None
+
+    def _on_enter(self, change: dict) -> None:
+        if change["new"].strip() and not self._locked:
+            self._on_check()
+
+    def select(self, key: str) -> None:
+        """Choose option ``key`` of a choice item (what clicking its radio button does)."""
+        self.choice_buttons[key].value = key
 
     def _render_order(self) -> None:
         text = {s.key: s.text for s in self.item.steps}
@@ -151,7 +199,9 @@ class QuizCell:
             )
             up.on_click(lambda _, k=key: self.move(k, -1))
             down.on_click(lambda _, k=key: self.move(k, +1))
-            rows.append(w.HBox([up, down, w.HTML(f"{position + 1}. {html.escape(text[key])}")]))
+            row = w.HBox([up, down, text_box(f"{position + 1}. {text[key]}")])
+            row.add_class("dtlab-option")
+            rows.append(row)
         self.order_rows = rows
         self.order_box.children = rows
 
@@ -171,9 +221,10 @@ class QuizCell:
         """The response the widgets currently hold, in the shape :func:`grade` expects."""
         kind = self.item.kind
         if kind == "choice":
-            if self.radio.value is None:
+            chosen = [key for key, button in self.choice_buttons.items() if button.value]
+            if not chosen:
                 raise AnswerError("pick one of the options first")
-            return self.radio.value
+            return chosen[0]
         if kind == "multi":
             return [key for key, box in self.checkboxes.items() if box.value]
         if kind == "numeric":
@@ -188,22 +239,47 @@ class QuizCell:
 
     # -- checking ------------------------------------------------------------------------------
 
+    def _show(self, markdown: str, colour: str) -> None:
+        self.feedback_markdown = markdown
+        self.feedback.value = feedback_html(markdown, colour)
+
+    def _lock(self, locked: bool) -> None:
+        self._locked = locked
+        for widget in self._inputs:
+            widget.disabled = locked
+        for row in getattr(self, "order_rows", []):
+            for button in row.children[:2]:
+                button.disabled = locked
+        self.check_button.disabled = locked
+        self.retry_button.layout.display = None if locked else "none"
+        if locked:
+            self.show_answer_button.layout.display = "none"
+
     def submit(self, response: object) -> Grade:
-        """Grade ``response``, show the feedback, record the attempt. Bad shapes raise AnswerError."""
+        """Grade ``response``, show a hint (first miss) or the answer, record the attempt.
+
+        Bad shapes raise AnswerError and count as nothing.
+        """
         try:
             result = grade(self.item, response, cluster=self.cluster)
         except AnswerError as error:
-            self.feedback.value = f"<span style='color:{AMBER}'>{html.escape(str(error))}</span>"
+            self._show(f"*{error}*", AMBER)
             raise
         self.attempts.append(result)
-        self.feedback.value = _feedback_html(result)
-        for widget in self._inputs:
-            widget.disabled = True
-        for row in getattr(self, "order_rows", []):
-            for button in row.children[:2]:
-                button.disabled = True
-        self.check_button.disabled = True
-        self.retry_button.layout.display = None
+        self._last_response = response
+        if result.correct or self.item.kind in ("short", "code"):
+            self._show(
+                answer_markdown(self.item, response, result), GREEN if result.correct else AMBER
+            )
+            self._lock(True)
+        else:
+            self.misses += 1
+            if self.misses >= 2:
+                self._show(answer_markdown(self.item, response, result), RED)
+                self._lock(True)
+            else:
+                self._show(hint_markdown(self.item, response, result), AMBER)
+                self.show_answer_button.layout.display = None
         if self.record:
             try:
                 record_attempt(
@@ -221,19 +297,36 @@ class QuizCell:
         return result
 
     def _on_check(self) -> None:
+        if self._locked:
+            return
         try:
-            self.submit(self.read_response())
+            response = self.read_response()
         except AnswerError as error:
-            self.feedback.value = f"<span style='color:{AMBER}'>{html.escape(str(error))}</span>"
+            self._show(f"*{error}*", AMBER)
+            return
+        if self.misses and response == self._last_response:
+            return  # the same answer again (e.g. Enter, then Check): not a second miss
+        with contextlib.suppress(AnswerError):  # already shown in the feedback
+            self.submit(response)
+
+    def show_answer(self) -> None:
+        """Reveal the answer (and why) without another attempt."""
+        last = self.attempts[-1] if self.attempts else None
+        self._show(answer_markdown(self.item, self._last_response, last), RED if last else AMBER)
+        self._lock(True)
 
     def retry(self) -> None:
         """Clear the feedback and the inputs for another attempt."""
         self.feedback.value = ""
+        self.feedback_markdown = ""
+        self.misses = 0
+        self._last_response = None
+        self._lock(False)
         for widget in self._inputs:
-            widget.disabled = False
-            widget.value = None if widget is getattr(self, "radio", None) else type(widget.value)()
-        self.check_button.disabled = False
-        self.retry_button.layout.display = "none"
+            if isinstance(widget, w.RadioButtons):
+                widget.value = None
+            else:
+                widget.value = type(widget.value)()
         if self.item.kind == "ordering":
             self.order = [s.key for s in self.item.steps]
             self._render_order()

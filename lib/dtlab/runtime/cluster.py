@@ -24,6 +24,10 @@ What happens where:
 * Ranks listen only on the loopback interface (``GLOO_SOCKET_IFNAME``, unless you set it).
 * ``close()``, garbage collection, interpreter exit and a kernel interrupt during ``run`` all kill
   every rank process: nothing is left behind.
+* ``reopen()`` starts fresh ranks for a closed Cluster (same size, device, timeout, env). Graded
+  exercises call it: a notebook's last cell closes its cluster, and after "Run All" a learner who
+  re-runs an exercise cell still gets live ranks (the decision of issue 21: reopen on demand
+  rather than one hidden cluster per kernel; the ranks still stop at close, GC or kernel exit).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import weakref
 
 import cloudpickle
 
+from dtlab.progress import driver_display
 from dtlab.runtime.devices import choose_placement
 from dtlab.runtime.errors import RankError
 from dtlab.runtime.pool import RankPool, remove_workdir
@@ -138,6 +143,16 @@ class Cluster:
         """Stop every rank and delete the rendezvous directory. Idempotent."""
         self._finalizer()
 
+    def reopen(self) -> None:
+        """Start fresh ranks for a closed Cluster; a no-op while it is open."""
+        if not self.closed:
+            return
+        self._workdir = tempfile.mkdtemp(prefix="dtlab-cluster-")
+        self._pool_holder = [None]
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool_holder, self._workdir)
+        self.restarts += 1
+        self._start_pool()
+
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
@@ -185,12 +200,13 @@ class Cluster:
         self._call_id += 1
         sys_path = None if self._sent_sys_path == sys.path else list(sys.path)
         started = time.perf_counter()
+        bar = driver_display()  # draws rank 0's dtlab.progress messages, if it sends any
         try:
             for conn in self._pool.conns:
                 conn.send(("run", self._call_id, payload, sys_path))
             self._sent_sys_path = list(sys.path)
             watch = RunWatch(
-                self._pool, self.world_size, self._call_id, self.timeout, self._discard_pool
+                self._pool, self.world_size, self._call_id, self.timeout, self._discard_pool, bar
             )
             replies = watch.collect()
         except RankError:
@@ -199,6 +215,8 @@ class Cluster:
             # KeyboardInterrupt or an error: ranks may be mid-collective, so start over.
             self._discard_pool()
             raise
+        finally:
+            bar.close()
         values = [cloudpickle.loads(reply[2]) for reply in replies]
         result_trace = Trace.from_rank_spans([reply[3] for reply in replies])
         self.last_trace = result_trace

@@ -55,8 +55,11 @@ class RunWatch:
     """Collects the replies to call ``call_id``; raises the Cluster's errors. ``discard_pool``
     kills the ranks (after a hang, a death or unfinished work the next run needs fresh ones)."""
 
-    def __init__(self, pool, world_size: int, call_id: int, timeout: float, discard_pool):
+    def __init__(
+        self, pool, world_size: int, call_id: int, timeout: float, discard_pool, on_progress=None
+    ):
         self.pool, self.world_size, self.call_id = pool, world_size, call_id
+        self.on_progress = on_progress  # (rank, (done, total, desc)) -> None; dtlab.progress
         self.timeout, self.discard_pool = timeout, discard_pool
         self.replies: list[tuple | None] = [None] * world_size
         self.running = set(range(world_size))  # the function has not returned yet
@@ -104,6 +107,10 @@ class RunWatch:
 
     def _take(self, rank: int, reply: tuple, pending: set[int]) -> bool:
         if reply[1] != self.call_id:
+            return False
+        if reply[0] == "progress":  # not a reply: the rank is still running
+            if self.on_progress is not None:
+                self.on_progress(rank, reply[2])
             return False
         if reply[0] == "draining":
             self.draining[rank] = reply[2]["unfinished"]

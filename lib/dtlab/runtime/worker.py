@@ -5,8 +5,9 @@ milliseconds, and the notebook kernel itself never forks after CUDA init). The n
 worker talk over a private ``multiprocessing`` pipe (a Unix socketpair: no network address).
 
 Messages, notebook → worker: ``("run", call_id, payload, sys_path)`` and ``("stop",)``.
-Worker → notebook: ``("ready", rank, pid)``, then per call ``("ok"|"error", call_id, data, spans,
-counts)``. When the function returns with communication still unfinished (an ``isend`` never
+Worker → notebook: ``("ready", rank, pid)``, then per call any number of ``("progress", call_id,
+(done, total, desc))`` from rank 0 (:mod:`dtlab.progress`), then ``("ok"|"error", call_id, data,
+spans, counts)``. When the function returns with communication still unfinished (an ``isend`` never
 waited for), ``("draining", call_id, report)`` comes first: the rank waits for that work before it
 replies, and the Cluster decides from every rank's counts whether it can ever finish.
 
@@ -33,7 +34,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from dtlab import trace
+from dtlab import progress, trace
 from dtlab.runtime import context, inflight
 
 
@@ -128,12 +129,14 @@ def _run_one(spec: WorkerSpec, call_id: int, payload: bytes, conn) -> tuple:
         return ("error", call_id, (*error, traceback.format_exc(), "unpickle"), [], {})
     trace.begin_call(spec.rank)
     inflight.begin_run()
+    progress.bind_sender(lambda message: conn.send(("progress", call_id, message)), spec.rank == 0)
     try:
         result = _call_user_function(fn, args, kwargs)
         outcome = None
     except BaseException as exc:  # report everything, including SystemExit from user code
         outcome = (type(exc).__name__, str(exc), _user_traceback(exc), "raised")
     finally:
+        progress.bind_sender(None, spec.rank == 0)
         spans = trace.end_call()
         # Work left in flight would be matched by the next run's messages: finish it first.
         unfinished = inflight.unfinished()

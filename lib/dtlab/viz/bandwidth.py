@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from dtlab.cost.bandwidth import busbw_factor
 from dtlab.cost.collectives import collective_time
+from dtlab.viz.chart import describe
 from dtlab.viz.theme import EXTRA_COLORS, KIND_COLORS
 
 _PALETTE = (KIND_COLORS["compute"], KIND_COLORS["comm"], *EXTRA_COLORS, KIND_COLORS["memcpy"])
@@ -32,6 +33,10 @@ def bandwidth_curve(
     metric: str = "busbw",
     world_size: int | None = None,
     title: str | None = None,
+    caption: str = (
+        "Left: every message pays the latency α, so bandwidth climbs; right: it flattens at the "
+        "link's bandwidth. Dashed: the fitted α-β model."
+    ),
 ) -> go.Figure:
     """Measured ``metric`` ("busbw" or "algbw", GB/s) vs size per algorithm, with the model.
 
@@ -82,11 +87,19 @@ def bandwidth_curve(
                 hoverinfo="skip",
             )
     op = rows[0]["op"]
+    sizes = sorted({r["nbytes"] for r in rows})
+    ticks = sizes[:: max(1, len(sizes) // 8)]  # readable labels (1 KiB, 64 KiB, ...), at most ~8
     fig.update_layout(
         template="dtlab",
         title=title or f"{op}: measured {metric} vs size on {n} ranks ({rows[0]['backend']})",
-        xaxis={"type": "log", "title": "message size (bytes)"},
-        yaxis={"title": f"{metric} (GB/s)"},
-        legend={"title": "algorithm (dashed: α-β model)"},
+        xaxis={
+            "type": "log",
+            "title": "message size (bytes, log scale)",
+            "tickvals": ticks,
+            "ticktext": [_size_label(t) for t in ticks],
+        },
+        yaxis={"title": f"{metric} (GB/s)", "rangemode": "tozero"},
+        legend={"title": "algorithm"},
+        height=max(420, 140 + 22 * sum(t.showlegend is not False for t in fig.data)),
     )
-    return fig
+    return describe(fig, caption=caption)

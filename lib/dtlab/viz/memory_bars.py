@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from dtlab.viz.chart import describe
 from dtlab.viz.labels import MIB
 from dtlab.viz.theme import DTLAB_TEMPLATE, EXTRA_COLORS, MEMORY_CATEGORIES, MEMORY_COLORS
 
@@ -84,6 +85,7 @@ def memory_bars(
     measured: Sequence,
     predicted=None,
     title: str = "Memory per rank",
+    caption: str = "Each bar stacks one rank's memory by category; hatched bars are the formula.",
     compact: bool = False,
 ) -> go.Figure:
     """Stacked MiB per rank by category; with ``predicted``, a hatched "formula" bar beside each.
@@ -154,7 +156,8 @@ def memory_bars(
         title=title,
         barmode="stack",
         height=420,
-        yaxis={"title": {"text": "MiB"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "memory per rank (MiB)"}, "rangemode": "tozero"},
         legend={"title": {"text": "category"}, "traceorder": "normal"},
     )
-    return fig
+    x = "rank · measured | formula" if predicted is not None else "rank"
+    return describe(fig, caption=caption, x=x)

@@ -30,6 +30,7 @@ import html
 import plotly.graph_objects as go
 
 from dtlab.memory import RECIPES, ZERO_STAGES, StateBytes, model_state_bytes
+from dtlab.viz.chart import describe
 from dtlab.viz.theme import DTLAB_TEMPLATE, MEMORY_COLORS
 
 GB = 1e9
@@ -108,10 +109,14 @@ def stage_bars(
         barmode="stack",
         height=380,
         title=f"Model state per rank: {num_params / 1e9:g}B params, N = {world_size}, {recipe}",
-        yaxis={"title": {"text": "GB per rank"}, "rangemode": "tozero"},
+        yaxis={"title": {"text": "model state per rank (GB)"}, "rangemode": "tozero"},
         legend={"title": {"text": "category"}},
     )
-    return fig
+    return describe(
+        fig,
+        caption="Each ZeRO stage shards one more kind of state: the solid bar is the chosen stage.",
+        x="ZeRO stage",
+    )
 
 
 def _table_html(rows: list[dict], zero_stage: int, device_gb: float | None) -> str:

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 
 from dtlab.trace import KINDS, Span, Trace
 from dtlab.trace.analysis import overlap_of, union_of
+from dtlab.viz.chart import describe
 from dtlab.viz.labels import format_bytes, format_duration_ns, format_labels
 from dtlab.viz.theme import DTLAB_TEMPLATE, GROUP_COLORS, KIND_COLORS
 
@@ -73,6 +74,7 @@ def timeline(
     title: str = "Timeline per rank",
     show_idle: bool = True,
     color_by: str = "kind",
+    caption: str = "One row per rank on one clock: grey gaps are time a rank waited.",
 ) -> go.Figure:
     """A per-rank Gantt chart of ``trace``: one ``go.Bar`` trace per span kind (the legend
     reads by kind), bars placed with ``base`` = start and ``x`` = duration, in ms.
@@ -81,6 +83,7 @@ def timeline(
     with ``show_idle=False`` no idle bars are drawn, not even recorded ones. ``color_by="group"``
     colours communication by the group it ran in (the ``group`` label the communication layer
     puts on every span: dp, tp, pp, cp, ep), so a 3D-parallel step shows which dimension talks.
+    ``caption`` is the one line under the title that says what to look for.
     """
     if color_by not in ("kind", "group"):
         raise ValueError(f"color_by={color_by!r}: choose 'kind' or 'group'")
@@ -131,6 +134,7 @@ def timeline(
         yaxis={"categoryorder": "array", "categoryarray": ranks, "autorange": "reversed"},
         legend={"title": {"text": "kind"}, "traceorder": "normal"},
     )
+    describe(fig, caption=caption, y="rank")
     if not trace.spans:
         fig.add_annotation(
             text="no spans recorded: wrap work in dtlab.trace.span(...) inside the function",

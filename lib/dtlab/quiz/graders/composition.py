@@ -119,7 +119,7 @@ def _plan_answers() -> dict[Callable, str]:
     }
 
 
-@exercise("system_design.pick_layout", title="Pick and justify a layout", world_size=1)
+@exercise("system_design.pick_layout", title="Pick and justify a layout", world_size=2)
 def grade_pick_layout(fn: Callable, cluster: Any = None) -> GradeResult:
     """``fn(req) -> (ParallelPlan, {"gb_per_gpu": float, "bubble": float})`` (module doc)."""
     from dtlab.plan import LLAMA_13B, LLAMA_70B, ParallelPlan, plan_problems
