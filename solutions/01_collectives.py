@@ -515,6 +515,11 @@ fig.update_layout(
     legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
     margin={"b": 130},
 )
+dtlab.viz.describe(
+    fig,
+    caption="The BF16 ring climbs as ranks grow; the tree and FP32 accumulation stay near the floor.",
+)
+
 
 # %% [markdown]
 # What production frameworks let you choose: FSDP's `MixedPrecision(reduce_dtype=torch.float32)`

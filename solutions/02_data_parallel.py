@@ -355,6 +355,11 @@ fig.update_layout(
     legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
     margin={"b": 110},
 )  # fmt: skip
+dtlab.viz.describe(
+    fig,
+    caption="More buckets hide more communication behind backward; each extra bucket adds a latency.",
+)
+
 
 # %% [markdown]
 # ## 5. Gradient accumulation and `no_sync` <a id="no-sync"></a>
@@ -489,6 +494,11 @@ fig.update_layout(
     legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
     margin={"b": 130},
 )
+dtlab.viz.describe(
+    fig,
+    caption="With a scaled learning rate and warm-up the big batch tracks the small one per sample.",
+)
+
 
 # %% [markdown]
 # ## 7. A straggler <a id="straggler"></a>

@@ -128,10 +128,11 @@ fig.add_bar(x=list(range(E)), y=stats.kept_per_expert, name="kept")
 fig.add_hline(y=stats.capacity, line_dash="dash", annotation_text=f"capacity C = {stats.capacity}")
 fig.update_layout(
     title=f"Tokens per expert, T = {TOKENS}, k = {K}, c = 1.0",
-    xaxis_title="expert",
-    yaxis_title="assignments",
+    xaxis_title="expert (index)",
+    yaxis_title="token assignments (count)",
     barmode="group",
 )
+dtlab.viz.describe(fig, caption="Chosen past the dashed capacity line is dropped: kept stops at C.")
 fig
 
 # %% [markdown]
@@ -234,6 +235,11 @@ fig = go.Figure()
 for name, curve in curves.items():
     fig.add_scatter(y=curve, name=name, mode="lines")
 fig.update_layout(title="Imbalance (max/mean tokens per expert), E = 4", xaxis_title="step")
+dtlab.viz.describe(
+    fig,
+    caption="Without balancing the imbalance stays high; the loss or the bias brings it toward 1.",
+    y="imbalance (max ÷ mean tokens per expert)",
+)
 for name, curve in curves.items():
     print(f"{name:>17}: imbalance {curve[0]:.2f} → {curve[-1]:.2f}")
 fig

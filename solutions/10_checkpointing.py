@@ -148,7 +148,12 @@ fig.update_layout(
     title="Which file holds which slice (% of each parameter's flat elements)",
     barmode="overlay",
     height=320,
-    xaxis_title="% of the parameter",
+    xaxis_title="share of the parameter's flat elements (%)",
+    yaxis_title="parameter (name)",
+)
+dtlab.viz.describe(
+    fig,
+    caption="Each colour is one rank's file: a parameter sits in one file or spans several.",
 )
 fig.show()
 
@@ -279,7 +284,15 @@ for a in recovery.attempts:
     )
     if a.fault_s is not None:
         fig.add_vline(x=a.fault_s, line_color="red", line_dash="dot")
-fig.update_layout(title="Attempts of the job (s)", height=260, xaxis_title="seconds")
+fig.update_layout(
+    title="Attempts of the job",
+    height=300,
+    xaxis_title="time since the job started (s)",
+    yaxis_title="attempt (index, ranks)",
+)
+dtlab.viz.describe(
+    fig, caption="Red dots: the injected fault; the next attempt resumes from the last checkpoint."
+)
 fig.show()
 
 # %%
@@ -416,8 +429,11 @@ for tau, label in (
 fig.update_layout(
     title="Goodput vs checkpoint interval (simulated failure trace)",
     xaxis_title="interval (min)",
-    yaxis_title="goodput",
+    yaxis_title="goodput (fraction of time)",
     height=360,
+)
+dtlab.viz.describe(
+    fig, caption="Each curve peaks near its Young/Daly interval; async pays only the stall."
 )
 fig.show()
 best_sync = max(sync_curve, key=lambda p: p[1])

@@ -224,8 +224,12 @@ for label, (degrees, mode) in runs.items():
 fig = go.Figure(go.Bar(x=list(held), y=list(held.values())))
 fig.update_layout(
     title="Parameters held per rank (measured), fullest rank",
-    xaxis_title="layout",
-    yaxis_title="parameters per rank",
+    xaxis_title="layout (name)",
+    yaxis_title="parameters per rank (count)",
+)
+dtlab.viz.describe(
+    fig,
+    caption="TP and PP divide what a rank holds, DDP does not, FSDP by dp, HSDP by a node's dp.",
 )
 fig
 
@@ -314,8 +318,11 @@ for cost in orders:
 fig = go.Figure(go.Bar(x=[" × ".join(c.order) for c in orders], y=[c.total_s for c in orders]))
 fig.update_layout(
     title="Transfer time per step by mesh order (outermost × … × innermost)",
-    xaxis_title="mesh order",
+    xaxis_title="mesh order (outermost × … × innermost)",
     yaxis_title="seconds per step (no overlap)",
+)
+dtlab.viz.describe(
+    fig, caption="TP innermost, inside a node, is by far the cheapest: it moves the most."
 )
 fig
 

@@ -238,11 +238,11 @@ for name, plan in options.items():
     formula = model_state_bytes(shard, plan.dp, plan.zero_stage).total
     print(f"{name:<28} {mine / 1e9:8.1f} GB   (formula {formula / 1e9:8.1f} GB)")
 
-go.Figure(
+fig = go.Figure(
     go.Bar(x=list(options), y=[memory_per_gpu(req.params, p) / 1e9 for p in options.values()]),
     layout={
         "title": "70B model state per GPU against the 80 GB of an H100 (dotted line)",
-        "xaxis": {"title": "parallelism plan"},
+        "xaxis": {"title": "parallelism plan (name)"},
         "yaxis": {"title": "model state per GPU (GB, log scale)", "type": "log"},
         "showlegend": False,
         "shapes": [
@@ -258,6 +258,10 @@ go.Figure(
         ],
     },
 )
+dtlab.viz.describe(
+    fig, caption="ZeRO-3, or TP (× PP) with ZeRO-1, brings 70B under the line; plain DP does not."
+)
+
 
 # %%
 ask("zero.per_gpu_70b_on_64")
