@@ -99,17 +99,20 @@ def run_interleaved(
     Each step starts after a barrier (and a device sync) and ends after a device sync, so every
     rank times the same step; measured steps are traced as ``bench_step`` spans (kind ``other``,
     labels ``variant`` and ``round``) to cut the run's trace by step. Returns this rank's seconds
-    per measured round, per variant; :func:`slowest_rank` combines the ranks.
+    per measured round, per variant; :func:`slowest_rank` combines the ranks. Rank 0 reports the
+    rounds to the driver's progress bar (:mod:`dtlab.progress`) between rounds.
     """
     import torch
 
     import dtlab
+    import dtlab.progress
     from dtlab import trace
 
     cuda = dtlab.device().type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(warmup + rounds):
+    # One bar on the driver, fed by rank 0 between rounds (outside every timed window).
+    for i in dtlab.progress.track(range(warmup + rounds), desc="benchmark rounds"):
         for name in rotated(list(steps), i):
             dtlab.barrier()
             sync()

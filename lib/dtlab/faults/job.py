@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dtlab import progress
 from dtlab.faults.inject import maybe_fail
 from dtlab.trace import span
 
@@ -101,7 +102,7 @@ def train_with_checkpoints(root: str, spec: JobSpec, faults=(), attempt: int = 0
     data = SyntheticTokens(config, spec.steps, spec.batch_size, seed=spec.seed)
     saver = AsyncCheckpointer(root) if spec.async_save else None
     log = fault_log(root)
-    for step in range(start, spec.steps):
+    for step in progress.track(range(start, spec.steps), desc="training"):
         maybe_fail(faults, rank, step, attempt, "step", log)
         x, y = (t.to(device) for t in shard_for_rank(data[step], rank, world))
         with span("train_step", kind="compute", step=step):
