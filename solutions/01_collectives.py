@@ -509,11 +509,10 @@ fig.update_layout(
     title="Relative error of a gradient all-reduce against the FP64 sum",
     xaxis={"title": {"text": "ranks in the all-reduce (log scale)"}, "type": "log"},
     yaxis={
-        "title": {"text": "relative error ‖result − exact‖ / ‖exact‖ (log scale)"},
+        "title": {"text": "relative error (log scale)"},
         "type": "log",
     },
-    legend={"orientation": "h", "x": 0, "y": -0.25, "yanchor": "top"},
-    margin={"b": 130},
+    height=460,
 )
 dtlab.viz.describe(
     fig,

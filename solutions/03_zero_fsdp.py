@@ -159,7 +159,7 @@ def stages_side_by_side(per_rank: list[list[dict]], n: int, recipe: str) -> go.F
     return dtlab.viz.describe(
         fig,
         x="rank",
-        caption="Left to right each stage shards one more kind of state; measured = formula.",
+        caption="Each stage shards one more kind of state; measured = formula, plus DDP's buffers.",
     )
 
 
