@@ -37,6 +37,7 @@ from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
 from dtlab.models.moe import is_expert_param, moe_layers
 from dtlab.parallel.compose.checks import check_composed_layout
+from dtlab.parallel.compose.groups import average_flat, hsdp_groups, node_share_of_dp
 from dtlab.parallel.compose.placement import Placement, clip_global_grad_norm_, place_parameters
 from dtlab.parallel.context import parallelize_context, shard_batch
 from dtlab.parallel.expert import parallelize_experts
@@ -162,15 +163,15 @@ class ComposedGPT:
             all_reduce_partial_grads(partial, self.tp.comm)
         grads = [p.grad for _, p in named]
         if self.mesh.cp_size > 1:
-            _average_flat(grads, self.comms["cp"], "cp_grad")
+            average_flat(grads, self.comms["cp"], "cp_grad")
         if self.mesh.layout.ep > 1:  # an expert's gradient already holds its EP block's tokens
             expert = [p.grad for n, p in named if is_expert_param(n)]
             grads = [p.grad for n, p in named if not is_expert_param(n)]
-            _average_flat(expert, self.comms["edp"], "edp_grad", divide_by=self.mesh.dp_size)
+            average_flat(expert, self.comms["edp"], "edp_grad", divide_by=self.mesh.dp_size)
         if self.data_parallel == "ddp" and self.mesh.dp_size > 1:
-            _average_flat(grads, self.comms["dp"], "dp_grad")
+            average_flat(grads, self.comms["dp"], "dp_grad")
         if self.replica_comm is not None and self.replica_comm.world_size > 1:
-            _average_flat(grads, self.replica_comm, "hsdp_replica_grad")
+            average_flat(grads, self.replica_comm, "hsdp_replica_grad")
 
     def _global_mean(self, loss: torch.Tensor) -> float:
         """The last stage's loss summed over pp, averaged over dp and cp (a report, not
@@ -251,50 +252,6 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return loss_fn(logits, targets)
 
 
-def _average_flat(
-    grads: list[torch.Tensor], comm: Communicator, name: str, divide_by: int | None = None
-) -> None:
-    """Sum ``grads`` over ``comm`` with one all-reduce of their concatenation, then divide by
-    ``divide_by`` (default: the group's size — an average)."""
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if comm.world_size > 1:
-        comm.all_reduce(flat, name=name)
-    flat /= divide_by or comm.world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-def _hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """Split every dp group into blocks of ``shard`` consecutive ranks (FSDP inside a block:
-    one node) and the groups of ranks at the same place in each block (replicas across
-    nodes). Every rank enumerates every group, in the same order."""
-    dp = mesh.dp_size
-    if shard < 1 or dp % shard:
-        raise ValueError(f"hsdp_shard={shard} must divide dp={dp}; choose from {_divs(dp)}")
-    shard_groups, replica_groups = [], []
-    for ranks in mesh.layout.groups("dp"):
-        blocks = [ranks[i : i + shard] for i in range(0, dp, shard)]
-        shard_groups += blocks
-        replica_groups += [[b[i] for b in blocks] for i in range(shard)]
-    mine_shard, _ = dist.new_subgroups_by_enumeration(shard_groups)
-    mine_replica, _ = dist.new_subgroups_by_enumeration(replica_groups)
-    return mine_shard, mine_replica
-
-
-def _node_share_of_dp(mesh: Mesh) -> int:
-    """HSDP's default shard group: the dp ranks that share a node (all of dp on one node)."""
-    inside = len({mesh.node_of(r) for r in mesh.dp_ranks})
-    return mesh.dp_size // inside if mesh.dp_size % inside == 0 else mesh.dp_size
-
-
-def _divs(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def compose_gpt(
     model: nn.Module,
     mesh: Mesh,
@@ -351,8 +308,8 @@ def compose_gpt(
     elif data_parallel in ("fsdp", "hsdp"):
         group = mesh.dp_group
         if data_parallel == "hsdp":
-            composed.hsdp_shard = hsdp_shard or _node_share_of_dp(mesh)
-            group, replicas = _hsdp_groups(mesh, composed.hsdp_shard)
+            composed.hsdp_shard = hsdp_shard or node_share_of_dp(mesh)
+            group, replicas = hsdp_groups(mesh, composed.hsdp_shard)
             composed.replica_comm = Communicator(replicas, collectives=collectives, dim="dp")
         composed.fsdp = FullyShardedDataParallel(
             model, units=list(model.blocks), process_group=group, collectives=collectives
