@@ -54,7 +54,9 @@ FAST = fast_mode()
 # what matters here is that every number below is exact, not that it is large.
 
 # %%
-cluster = dtlab.Cluster(lab_world_size(8))
+# Eight ranks on a laptop share its cores: the first step of each layout also imports torch's
+# optimizer machinery in every rank, so a hang is declared after 4 minutes, not the default 1.
+cluster = dtlab.Cluster(lab_world_size(8), timeout=240)
 WORLD = cluster.world_size
 RANKS_PER_NODE = WORLD // 2
 CONFIG = dict(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
