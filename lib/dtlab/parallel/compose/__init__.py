@@ -3,8 +3,13 @@ data parallelism (DDP, FSDP or HSDP) to the lab GPT from outside, and
 :mod:`~dtlab.parallel.compose.placement` says, per parameter, which groups hold it and reduce its
 gradient — and clips by the global norm with every element counted once."""
 
-from dtlab.parallel.compose.checks import check_composed_layout, composed_layout_problems
-from dtlab.parallel.compose.gpt import DATA_PARALLEL, ComposedGPT, check_composition, compose_gpt
+from dtlab.parallel.compose.checks import (
+    DATA_PARALLEL,
+    check_composed_layout,
+    check_composition,
+    composed_layout_problems,
+)
+from dtlab.parallel.compose.gpt import ComposedGPT, compose_gpt
 from dtlab.parallel.compose.placement import (
     Placement,
     clip_global_grad_norm_,

@@ -36,7 +36,7 @@ import torch.nn as nn
 from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
 from dtlab.models.moe import is_expert_param, moe_layers
-from dtlab.parallel.compose.checks import check_composed_layout
+from dtlab.parallel.compose.checks import check_composed_layout, check_composition
 from dtlab.parallel.compose.groups import average_flat, hsdp_groups, node_share_of_dp
 from dtlab.parallel.compose.placement import Placement, clip_global_grad_norm_, place_parameters
 from dtlab.parallel.context import parallelize_context, shard_batch
@@ -45,33 +45,6 @@ from dtlab.parallel.pipeline import PipelineExecutor, Schedule, pipeline_gpt
 from dtlab.parallel.tensor import TensorParallel, parallelize_gpt
 from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
 from dtlab.parallel.zero3 import FullyShardedDataParallel
-
-DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
-
-
-def check_composition(mesh: Mesh, data_parallel: str, sequence_parallel: bool, schedule) -> None:
-    """Refuse what :func:`compose_gpt` cannot compose, saying what to change."""
-    layout = mesh.layout
-    if data_parallel not in DATA_PARALLEL:
-        raise ValueError(f"data_parallel={data_parallel!r}; choose one of {DATA_PARALLEL}")
-    if layout.pp > 1 and schedule is None:
-        raise ValueError(f"pp={layout.pp} needs a schedule, e.g. one_f_one_b({layout.pp}, 4)")
-    if layout.pp > 1 and data_parallel != "ddp":
-        raise ValueError(
-            f"data_parallel={data_parallel!r} with pp={layout.pp}: a pipeline stage runs once per "
-            "micro-batch and dtlab's FSDP gathers its parameters per forward; use "
-            "data_parallel='ddp' with pipeline stages, or pp=1"
-        )
-    if layout.ep > 1 and (layout.tp, layout.pp, layout.cp, data_parallel) != (1, 1, 1, "ddp"):
-        raise ValueError(
-            f"ep={layout.ep}: expert parallel composes here with data parallel (DDP) only; use "
-            "tp=pp=cp=1 and data_parallel='ddp' with ep > 1"
-        )
-    if layout.pp > 1 and sequence_parallel:
-        raise ValueError(
-            "sequence_parallel=True with pipeline stages: the activations between stages would "
-            "be sequence-sharded; use sequence_parallel=False with pp > 1"
-        )
 
 
 @dataclass
