@@ -22,6 +22,7 @@ from dtlab.quiz.bank import Bank, cached_bank, load_bank
 from dtlab.quiz.cell_style import AMBER, GREEN, QUIZ_CSS, RED, feedback_html, text_box
 from dtlab.quiz.feedback import answer_markdown, hint_markdown, link_markdown, markdown_to_html
 from dtlab.quiz.grading import grade
+from dtlab.quiz.inputs import build_input, render_order
 from dtlab.quiz.progress import record_attempt
 from dtlab.quiz.schema import AnswerError, Grade, Item
 
@@ -83,94 +84,8 @@ class QuizCell:
 
     # -- inputs per kind ---------------------------------------------------------------------
 
-    def _option_row(self, control: w.Widget, markdown: str) -> w.HBox:
-        control.add_class("dtlab-control")
-        row = w.HBox([control, text_box(markdown)], layout=w.Layout(width="100%"))
-        row.add_class("dtlab-option")
-        return row
-
     def _build_input(self) -> w.Widget:
-        kind = self.item.kind
-        if kind == "choice":
-            # one single-option radio per row: real radio controls, each beside wrapping text
-            self.choice_buttons = {
-                c.key: w.RadioButtons(
-                    options=[(f"({c.key})", c.key)], value=None, layout=w.Layout(width="auto")
-                )
-                for c in self.item.choices
-            }
-            for button in self.choice_buttons.values():
-                button.observe(self._one_choice_only, "value")
-            self._inputs = list(self.choice_buttons.values())
-            self.option_rows = [
-                self._option_row(self.choice_buttons[c.key], c.text) for c in self.item.choices
-            ]
-            return w.VBox(self.option_rows, layout=w.Layout(width="100%"))
-        if kind == "multi":
-            self.checkboxes = {
-                c.key: w.Checkbox(
-                    value=False,
-                    description=f"({c.key})",
-                    indent=False,
-                    layout=w.Layout(width="auto"),
-                )
-                for c in self.item.choices
-            }
-            self._inputs = list(self.checkboxes.values())
-            self.option_rows = [
-                self._option_row(self.checkboxes[c.key], c.text) for c in self.item.choices
-            ]
-            return w.VBox(self.option_rows, layout=w.Layout(width="100%"))
-        if kind == "numeric":
-            hint = (
-                f"a number in {self.item.unit}, then Enter"
-                if self.item.unit
-                else "a number, then Enter"
-            )
-            # continuous_update=False: the value arrives on Enter (or leaving the box) — checked then
-            self.number = w.Text(placeholder=hint, continuous_update=False)
-            self.number.observe(self._on_enter, "value")
-            self._inputs = [self.number]
-            return w.HBox([self.number, w.Label(self.item.unit)])
-        if kind == "ordering":
-            self.order = [s.key for s in self.item.steps]
-            self.order_box = w.VBox(layout=w.Layout(width="100%"))
-            self._render_order()
-            return self.order_box
-        if kind == "short":
-            self.answer_text = w.Text(
-                placeholder="Write (or say out loud) your answer, then Enter to see the rubric",
-                continuous_update=False,
-                layout=w.Layout(width="100%"),
-            )
-            self.answer_text.observe(lambda change: change["new"] and self.reveal_rubric(), "value")
-            self.reveal_button = w.Button(description="Reveal rubric")
-            self.rubric_boxes = [
-                w.Checkbox(
-                    value=False,
-                    description=f"{i + 1}.",
-                    indent=False,
-                    layout=w.Layout(width="auto"),
-                )
-                for i, _ in enumerate(self.item.rubric)
-            ]
-            self.rubric_rows = [
-                self._option_row(box, point)
-                for box, point in zip(self.rubric_boxes, self.item.rubric, strict=True)
-            ]
-            self.rubric_panel = w.VBox(
-                [w.HTML("<b>Tick the points your answer made:</b>"), *self.rubric_rows],
-                layout=w.Layout(display="none", width="100%"),
-            )
-            self.check_button.layout.display = "none"
-            self.reveal_button.on_click(lambda _: self.reveal_rubric())
-            self._inputs = [self.answer_text, *self.rubric_boxes]
-            return w.VBox([self.answer_text, self.reveal_button, self.rubric_panel])
-        self.check_button.layout.display = "none"  # code: graded by check_exercise in the lab cell
-        return text_box(
-            f"Solve this in the lab's exercise cell, then run "
-            f'`check_exercise("{self.item.exercise}", your_function, cluster)`.'
-        )
+        return build_input(self)
 
     def _one_choice_only(self, change: dict) -> None:
         if change["new"] is None:
@@ -188,22 +103,7 @@ class QuizCell:
         self.choice_buttons[key].value = key
 
     def _render_order(self) -> None:
-        text = {s.key: s.text for s in self.item.steps}
-        rows = []
-        for position, key in enumerate(self.order):
-            up = w.Button(description="▲", layout=w.Layout(width="36px"), disabled=position == 0)
-            down = w.Button(
-                description="▼",
-                layout=w.Layout(width="36px"),
-                disabled=position == len(self.order) - 1,
-            )
-            up.on_click(lambda _, k=key: self.move(k, -1))
-            down.on_click(lambda _, k=key: self.move(k, +1))
-            row = w.HBox([up, down, text_box(f"{position + 1}. {text[key]}")])
-            row.add_class("dtlab-option")
-            rows.append(row)
-        self.order_rows = rows
-        self.order_box.children = rows
+        render_order(self)
 
     def move(self, step_key: str, offset: int) -> None:
         """Move an ordering step up (-1) or down (+1)."""
