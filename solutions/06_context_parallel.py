@@ -258,7 +258,7 @@ print(
 # hides.
 
 # %%
-step0 = ring.trace.filter(step=0)
+step0 = ring.trace.filter(step=0).cropped()  # step 0 on its own clock (after the warm-up)
 print(f"hidden fraction of the ring's transfers: {step0.hidden_fraction():.0%}")
 dtlab.viz.timeline(
     step0,

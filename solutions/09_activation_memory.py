@@ -350,7 +350,7 @@ print(
 # backward none.
 
 # %%
-recompute_trace = steps["full"].trace.filter(variant="full")
+recompute_trace = steps["full"].trace.filter(variant="full").cropped()
 dtlab.viz.timeline(
     recompute_trace,
     title="One step with full recomputation",
@@ -576,7 +576,7 @@ print(
     f"{r['device_after_forward'][0]:,} B, offloaded {r['device_after_forward'][1]:,} B"
 )
 dtlab.viz.timeline(
-    offloaded.trace.filter(variant="offload"),
+    offloaded.trace.filter(variant="offload").cropped(),
     title="Offloading saved tensors: one training step",
     caption="The memcpy spans (second lane) are the copies to host memory during the forward.",
 )

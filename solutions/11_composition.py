@@ -176,7 +176,7 @@ show_traffic(two_d)
 three_d = cluster.run(train_composed, {"pp": 2, "dp": WORLD // 4, "tp": 2})
 show_traffic(three_d)
 dtlab.viz.timeline(
-    three_d.trace.filter(step=2),
+    three_d.trace.filter(step=2).cropped(),
     title="PP × DP × TP: one training step, communication coloured by group",
     color_by="group",
 )

@@ -214,7 +214,7 @@ def test_the_pipelined_ring_draws_two_n_minus_one_steps_to_the_right_neighbour(c
         trace = cluster3.run(ring_in_segments, segment_bytes).trace
         for rank in range(3):
             steps = [s for s in trace.spans if s.rank == rank and s.kind == "comm"]
-            assert [s.labels["step"] for s in steps] == [0, 1, 2, 3]
+            assert [s.labels["comm_step"] for s in steps] == [0, 1, 2, 3]
             phases = [s.name.split()[-1] for s in steps]
             assert phases == ["reduce-scatter"] * 2 + ["all-gather"] * 2
             assert sum(s.nbytes for s in steps) == 2 * 2 * 1000 * 4  # 2(N-1)/N · M

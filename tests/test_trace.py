@@ -325,3 +325,19 @@ def test_labels_belong_to_their_thread_and_never_outlive_their_block():
     for t in threads:
         t.join()
     assert trace.current_labels() == {}  # interleaved exits left nothing behind
+
+
+def test_cropped_draws_a_filtered_step_from_its_own_start():
+    t = Trace(
+        [
+            Span(0, "a", "compute", 0, MS, labels={"step": 0}),
+            Span(0, "b", "compute", 5 * MS, 6 * MS, labels={"step": 1}),
+            Span(1, "c", "comm", 5 * MS, 7 * MS, labels={"step": 1}),
+        ]
+    )
+    step1 = t.filter(step=1)
+    assert (step1.start_ns, step1.origin_ns) == (0, 0)  # filter keeps the run's bounds
+    alone = step1.cropped()
+    assert (alone.start_ns, alone.end_ns, alone.origin_ns) == (5 * MS, 7 * MS, 5 * MS)
+    idle = [s for s in alone.with_idle().spans if s.kind == "idle"]
+    assert [(s.rank, s.start_ns, s.end_ns) for s in idle] == [(0, 6 * MS, 7 * MS)]

@@ -7,7 +7,8 @@ It also
 
 * counts, per rank, messages and bytes sent and received into a :class:`CommStats`, so a test can
   hold the traffic of "ring all-reduce" to ``2 (N-1)/N * M`` bytes exactly, and
-* records one ``comm`` trace span per step (labelled ``to=[[peer, bytes], ...]``), so a ring
+* records one ``comm`` trace span per step (labelled ``comm_step`` and ``to=[[peer, bytes], ...]``;
+  ``comm_step`` never clobbers a caller's own ``step`` label), so a ring
   all-reduce draws its ``2 (N-1)`` steps on the Cluster's timeline and :func:`traffic_matrix`
   can say who sent how much to whom.
 
@@ -181,7 +182,9 @@ class Peers:
         sent = sum(_nbytes(t) for _, t in sends)
         received = sum(_nbytes(t) for _, t in recvs)
         to = [[self.global_ranks[p], _nbytes(t)] for p, t in sends]
-        with trace.cuda_span(name, kind="comm", nbytes=sent, step=step, received=received, to=to):
+        with trace.cuda_span(
+            name, kind="comm", nbytes=sent, comm_step=step, received=received, to=to
+        ):
             self._transport.exchange(
                 [(self.global_ranks[p], t) for p, t in sends],
                 [(self.global_ranks[p], t) for p, t in recvs],
@@ -213,7 +216,7 @@ class Peers:
         posted like :meth:`exchange`, but not counted in :func:`comm_stats`, so a collective's
         bytes stay exactly its payload's; drawn as a span of kind ``other`` without a ``to``
         label, so :func:`traffic_matrix` leaves it out too."""
-        with self._as_control(name, sum(_nbytes(t) for _, t in sends), step=step):
+        with self._as_control(name, sum(_nbytes(t) for _, t in sends), comm_step=step):
             self._transport.exchange(
                 [(self.global_ranks[p], t) for p, t in sends],
                 [(self.global_ranks[p], t) for p, t in recvs],

@@ -219,7 +219,7 @@ def _draw_steps(steps: list[_Step], itemsize: int, peers: Peers, name: str) -> N
             step.started_ns,
             step.ended_ns,
             nbytes=sent,
-            step=t,
+            comm_step=t,
             received=received,
             to=[[right, sent]] if sent else [],
         )

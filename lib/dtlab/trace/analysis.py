@@ -128,7 +128,11 @@ class Trace:
         rank: int | Iterable[int] | None = None,
         **labels,
     ) -> Trace:
-        """The spans matching every given condition, e.g. ``filter(kind="comm", step=3)``."""
+        """The spans matching every given condition, e.g. ``filter(kind="comm", step=3)``.
+
+        The result keeps this trace's bounds and origin (idle is still counted from the run's
+        start); :meth:`cropped` draws the selection on its own.
+        """
         kinds, names, ranks = _as_set(kind), _as_set(name), _as_set(rank)
         kept = [
             s
@@ -139,6 +143,12 @@ class Trace:
             and all(k in s.labels and s.labels[k] == v for k, v in labels.items())
         ]
         return self._like(kept)
+
+    def cropped(self) -> Trace:
+        """The same spans bounded by their own first start and last end, which is also the new
+        origin: ``trace.filter(step=2).cropped()`` is step 2 drawn from its own zero, with idle
+        only where a rank waited inside that step."""
+        return Trace(self.spans)
 
     def window(self, start_ms: float | None = None, end_ms: float | None = None) -> Trace:
         """The part between two times in ms after the origin (read them off the timeline's x

@@ -173,7 +173,7 @@ class _RingAttention(torch.autograd.Function):
                     work.blocks_skipped += 1
             else:
                 cpu_start = time.thread_time_ns()
-                with trace.span("ring_block_forward", kind="compute", step=step):
+                with trace.span("ring_block_forward", kind="compute", ring_step=step):
                     o_blk, lse_blk = _visible_attention(
                         q, k_blk, v_blk, positions_q, pos_blk, causal, work
                     )
@@ -201,7 +201,7 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.post(held) if step < ring.size - 1 else None
             k_blk, v_blk, pos_blk = held
             if not block_is_masked(positions_q, pos_blk, ctx.causal):
-                with trace.span("ring_block_backward", kind="compute", step=step):
+                with trace.span("ring_block_backward", kind="compute", ring_step=step):
                     dq_blk, dk_blk, dv_blk = _visible_backward(
                         d_out, q, k_blk, v_blk, out, lse, positions_q, pos_blk, ctx.causal
                     )
