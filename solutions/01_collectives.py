@@ -310,7 +310,7 @@ for label, segment_bytes in (
 for s in steps:  # same-colour bars merge on the chart; the numbers show the overlap
     start, end = ((t - streamed.trace.origin_ns) / 1e6 for t in (s.start_ns, s.end_ns))
     print(
-        f"rank 0, step {s.labels['step']} ({s.name.split()[-1]:>14}): {start:6.2f} → {end:6.2f} ms"
+        f"rank 0, step {s.labels['comm_step']} ({s.name.split()[-1]:>14}): {start:6.2f} → {end:6.2f} ms"
     )
 dtlab.viz.timeline(streamed.trace, title="Ring all-reduce, 8 segments per chunk: steps overlap")
 

@@ -318,19 +318,29 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
             rf"{re.escape(base)}/lab/(workspaces/[^/]+/)?tree/(?P<file>[^#?]+)#(?P<anchor>.+)", href
         )
         assert target and (work / target["file"]).exists(), href
-        if not _LINK_FOLLOWED:  # once per session: clicking it opens that notebook in JupyterLab
+        if not _LINK_FOLLOWED:  # once per session: JupyterLab opens it and scrolls to the section
             _LINK_FOLLOWED.append(href)
-            with page.context.expect_page() as opened:
-                link.click()
-            section = opened.value
+            link.click()
+            anchor = target["anchor"].removeprefix("cell-id=")
             # the section's anchor, as JupyterLab's sanitizer keeps it (id -> data-jupyter-id)
-            section.wait_for_selector(
-                f"[data-jupyter-id='{target['anchor']}'], [id='{target['anchor']}']",
-                state="attached",
-                timeout=90_000,
-            )
-            section.screenshot(path=str(OUT / name / "link-opened.png"))
-            section.close()
+            heading = page.locator(f"[data-jupyter-id='{anchor}'], [id='{anchor}']")
+            try:
+                page.wait_for_function(
+                    """anchor => [...document.querySelectorAll(
+                        `[data-jupyter-id='${anchor}'], [id='${anchor}']`)].some(e => {
+                        const r = e.getBoundingClientRect();
+                        return e.offsetParent !== null && r.top >= 0 && r.top < innerHeight;
+                    })""",
+                    arg=anchor,
+                    timeout=60_000,
+                )
+            finally:
+                page.screenshot(path=str(OUT / name / "link-opened.png"))
+            assert heading.count(), href
+            notebook_tab = page.locator(".lm-TabBar-tab.jp-mod-current").first.inner_text()
+            assert target["file"].split("/")[-1] in notebook_tab, notebook_tab
+            page.locator(f".lm-TabBar-tab:has-text('{name}')").first.click()  # back to the lab
+            quiz.scroll_into_view_if_needed()
     quiz.locator(f"label:has-text('({right})') input[type=radio]").check()
     quiz.locator("button:has-text('Check')").click()
     feedback.locator("text=Correct.").wait_for(timeout=20_000)

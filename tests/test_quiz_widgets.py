@@ -30,7 +30,7 @@ def test_choice_cell_hints_first_then_answers_records_and_retries(progress):
     quiz.select("a")
     quiz.check_button.click()
     first = quiz.feedback.value
-    assert "Not quite" in first and 'href="00_setup.ipynb#ranks"' in first  # idea, linked
+    assert "Not quite" in first and 'href="00_setup.ipynb#cell-id=ranks"' in first  # idea, linked
     assert right.text not in first and right.why not in first  # the answer is not given away
     assert not quiz.choice_buttons["a"].disabled and quiz.show_answer_button.layout.display is None
     quiz.check_button.click()  # the same answer again is not a second miss
@@ -189,7 +189,7 @@ def test_prompt_markdown_escapes_html_and_renders_code_math_and_lab_links():
     assert "&lt;b&gt;every&lt;/b&gt;" in html
     assert "<ul>\n<li>one</li>\n<li>two</li>\n</ul>" in html
     assert "$a_i * b_i$" in html  # math left intact for MathJax
-    assert 'href="00_setup.ipynb#ranks"' in html and "Start a cluster" in html
+    assert 'href="00_setup.ipynb#cell-id=ranks"' in html and "Start a cluster" in html
     assert "lab:00" not in html
 
 

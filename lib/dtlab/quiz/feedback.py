@@ -20,6 +20,7 @@ and solutions/ hold the same file names, so the relative link works from either 
 from __future__ import annotations
 
 import html
+import json
 import re
 from functools import lru_cache
 
@@ -35,8 +36,9 @@ _HEADING = re.compile(r"^#{1,6}\s+(?P<text>.+?)\s*#*\s*$")
 @lru_cache(maxsize=64)
 def lab_section(lab: str, anchor: str) -> tuple[str, str]:
     """``(title, href)`` of a lab section: the heading at or before ``anchor``, and its notebook
-    link ``NN_name.ipynb#anchor``. Falls back to ``("Lab NN", "")`` when the source is absent."""
+    link (``NN_name.ipynb#cell-id=…``, :func:`_href`). Falls back to ``("Lab NN", "")`` when the source is absent."""
     from dtlab.quiz.links import default_solutions_dir, lab_source_for, markdown_anchors
+    from dtlab.workshop.build import section_cell_id
 
     try:
         source = lab_source_for(lab, default_solutions_dir())
@@ -54,13 +56,17 @@ def lab_section(lab: str, anchor: str) -> tuple[str, str]:
         if anchor in markdown_anchors(cell.source):
             title = headings[0] if headings else title
             title = re.sub(r"<[^>]*>", "", title).strip()
-            return (f"Lab {lab} · {title}" if title else f"Lab {lab}"), _href(source, anchor)
+            href = _href(source, anchor, section_cell_id(cell.source))
+            return (f"Lab {lab} · {title}" if title else f"Lab {lab}"), href
         title = headings[-1] if headings else title
     return f"Lab {lab}", _href(source, anchor)
 
 
-def _href(source, anchor: str) -> str:
-    return f"{source.stem}.ipynb#{anchor}"
+def _href(source, anchor: str, cell_id: str | None = None) -> str:
+    """``NN_name.ipynb#cell-id=<id>`` for a section's cell (JupyterLab 4 scrolls to the cell
+    with that id, and the workshop build gives a section's cell its anchor as id), else
+    ``NN_name.ipynb#anchor`` (a heading)."""
+    return f"{source.stem}.ipynb#" + (f"cell-id={cell_id}" if cell_id else anchor)
 
 
 def link_markdown(link: str) -> str:
@@ -94,7 +100,24 @@ def markdown_to_html(text: str) -> str:
     protected = _MATH.sub(keep, linkify(text))
     rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(protected)
     rendered = re.sub(r"DTLABMATH(\d+)X", lambda m: html.escape(maths[int(m[1])]), rendered)
+    rendered = _NOTEBOOK_LINK.sub(_in_app_link, rendered)
     return rendered.replace("<a href=", "<a target='_blank' rel='noopener' href=").strip()
+
+
+_NOTEBOOK_LINK = re.compile(r'<a href="(?P<path>\d\d_\w+\.ipynb)(?P<fragment>#[^"]*)?"')
+
+
+def _in_app_link(match: re.Match) -> str:
+    """A lab link that JupyterLab itself follows: its command linker runs
+    ``rendermime:handle-local-link``, which opens (or reveals) the notebook in the same window
+    and scrolls to the fragment's cell; elsewhere the plain ``href`` opens in a new tab."""
+    args = {"path": match["path"], "id": match["fragment"] or ""}
+    return (
+        "<a target='_blank' rel='noopener' "
+        "data-commandlinker-command='rendermime:handle-local-link' "
+        f"data-commandlinker-args='{html.escape(json.dumps(args), quote=True)}' "
+        f'href="{match["path"]}{match["fragment"] or ""}"'
+    )
 
 
 def terminal_links(text: str) -> str:

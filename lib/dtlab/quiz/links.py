@@ -49,6 +49,11 @@ def slugify(heading: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
 
 
+def explicit_anchors(markdown: str) -> list[str]:
+    """The ``<a id=...>`` anchors of one markdown text, in order."""
+    return [m["anchor"] for m in _EXPLICIT_ANCHOR.finditer(markdown)]
+
+
 def markdown_anchors(markdown: str) -> list[str]:
     """The anchors one markdown text defines: heading slugs and explicit ``<a id=...>`` tags."""
     anchors = []

@@ -11,7 +11,7 @@ For each ``solutions/NN_name.py`` (percent format, see :mod:`dtlab.workshop.sour
   (the blocks and their stubs: :mod:`dtlab.workshop.solution_blocks`). Every exercise cell is
   checked against the authoring rules of :mod:`dtlab.workshop.exercises` first.
 
-Output is deterministic — nbformat 4.5, cell ids ``<lab>-<cell index>``, no outputs,
+Output is deterministic — nbformat 4.5, cell ids ``<lab>-<cell index>`` (a section's markdown cell: its anchor, :func:`section_cell_id`), no outputs,
 ``execution_count`` null, the ``python3`` kernel, JSON written the way Jupyter writes it — so
 ``--check`` compares bytes and a stale notebook shows up in CI, not in a learner's hands.
 Each notebook is written with :func:`dtlab.files.write_atomic`: a build interrupted half-way
@@ -21,6 +21,7 @@ leaves every notebook either old or new, never truncated.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from dtlab.files import write_atomic
@@ -38,11 +39,25 @@ KERNEL_METADATA = {
 }
 
 
+_CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def section_cell_id(markdown: str) -> str | None:
+    """The cell id of a markdown cell that opens a section: its first explicit anchor
+    (``<a id="slug">``), so a link ``NN_name.ipynb#cell-id=slug`` scrolls JupyterLab (4.0+) to
+    that cell; ``None`` for a cell without one (or an anchor nbformat does not allow as an id)."""
+    from dtlab.quiz.links import explicit_anchors
+
+    anchors = explicit_anchors(markdown)
+    return anchors[0] if anchors and _CELL_ID.fullmatch(anchors[0]) else None
+
+
 def _cell_json(lab: LabSource, index: int, cell: Cell, source: str) -> dict:
     lines = source.splitlines(keepends=True)
+    section = section_cell_id(cell.source) if cell.cell_type == "markdown" else None
     data: dict = {
         "cell_type": cell.cell_type,
-        "id": f"{lab.name}-{index:03d}",
+        "id": section or f"{lab.name}-{index:03d}",
         "metadata": dict(cell.metadata),
         "source": lines,
     }
