@@ -49,10 +49,14 @@ def test_the_chosen_plan_uses_every_gpu_and_passes_the_checklist(job: Requiremen
 
 
 def test_candidates_come_smallest_tp_then_fewest_stages_then_lowest_zero_then_fewest_chunks():
-    order = [(p.tp, p.pp, p.zero_stage, p.virtual_stages) for p in candidate_plans(LLAMA_70B)]
+    plans = list(candidate_plans(LLAMA_70B))
+    classic = [p for p in plans if (p.cp, p.micro_batch_size, p.recompute) == (1, 1, "selective")]
+    assert plans[: len(classic)] == classic  # the classic (dp, tp, pp) search runs first
+    order = [(p.tp, p.pp, p.zero_stage, p.virtual_stages) for p in classic]
     assert order == sorted(order) and len(order) == len(set(order))
     assert all(tp <= LLAMA_70B.gpus_per_node for tp, *_ in order)
     assert all(v == 1 for _, pp, _, v in order if pp == 1)
+    assert all(p.ep == 1 for p in plans)  # a dense job never tries expert parallelism
 
 
 def test_a_job_nothing_fits_is_refused_with_what_to_change():
@@ -71,9 +75,12 @@ def test_a_plans_layout_is_the_mesh_layout_with_tp_groups_inside_one_node():
     assert ParallelPlan.from_layout(plan.layout, zero_stage=1) == plan
 
 
-def test_a_layout_with_context_or_expert_parallelism_is_not_a_plan():
-    with pytest.raises(ValueError, match="splits dp, tp and pp only; got cp=2, ep=1"):
-        ParallelPlan.from_layout(Layout(dp=2, tp=2, cp=2))
+def test_a_layout_with_context_and_expert_parallelism_is_a_plan_with_them():
+    layout = Layout(dp=4, tp=2, cp=2, ep=2)
+    plan = ParallelPlan.from_layout(layout, zero_stage=1, recompute="full")
+    assert plan == ParallelPlan(4, 2, 1, 1, 1, 1, cp=2, ep=2, recompute="full")
+    assert plan.world_size == layout.world_size == 16 and plan.layout == layout
+    assert plan.expert_data_parallel == 2
 
 
 def test_state_bytes_are_16_per_parameter_of_the_model_shard_with_zero_over_dp():

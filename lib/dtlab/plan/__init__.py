@@ -3,14 +3,20 @@
 The system-design answer an interviewer expects ("train a 70B model on 2,048 H100s"), as code
 that labs, quiz keys and lab 12's graders import (graders never contain it):
 
-* :mod:`~dtlab.plan.job` — :class:`Requirements`, the job (model, data, cluster, targets), and
-  the Llama-2-shaped presets :data:`LLAMA_70B`, :data:`LLAMA_13B`, :data:`LLAMA_7B`;
-* :mod:`~dtlab.plan.parallel_plan` — :class:`ParallelPlan`, a ``(dp, tp, pp)``
-  :class:`dtlab.mesh.Layout` plus ZeRO stage, micro-batch size and interleaving;
-* :mod:`~dtlab.plan.layout_cost` — per GPU: model state, activations, pipeline bubble and bytes
-  sent per step along each dimension;
+* :mod:`~dtlab.plan.job` — :class:`Requirements`, the job (model — dense or mixture of
+  experts —, data, cluster, targets), and the Llama-2-shaped presets :data:`LLAMA_70B`,
+  :data:`LLAMA_13B`, :data:`LLAMA_7B`; :mod:`~dtlab.plan.large_jobs` adds a Llama-3-405B-shaped
+  :data:`LLAMA3_405B` and a DeepSeek-V3-shaped :data:`DEEPSEEK_V3` (:data:`LARGE_JOBS`);
+* :mod:`~dtlab.plan.parallel_plan` — :class:`ParallelPlan`, a ``(dp, tp, pp, cp, ep)``
+  :class:`dtlab.mesh.Layout` plus ZeRO stage, micro-batch size, interleaving and recomputation;
+* :mod:`~dtlab.plan.layout_cost`, :mod:`~dtlab.plan.memory_by_category`, :mod:`~dtlab.plan.wire` —
+  per GPU: memory by category, pipeline bubble and bytes sent per step along each dimension;
 * :mod:`~dtlab.plan.problems` — :func:`plan_problems`, the checklist a plan must pass;
 * :mod:`~dtlab.plan.search` — :func:`first_plan_that_fits`, in the expert's order of preference;
+* :mod:`~dtlab.plan.step_time` — :func:`~dtlab.plan.step_time.step_time` and
+  :func:`~dtlab.plan.step_time.fastest_plans`: compute, exposed communication, bubble, MFU;
+* :mod:`~dtlab.plan.worked` — :func:`~dtlab.plan.worked.print_worked_jobs`, 7B to 405B and the
+  MoE planned end to end;
 * :mod:`~dtlab.plan.wall_clock` — days of compute (``6·N·D``) and the Young/Daly checkpoint
   interval.
 
@@ -19,6 +25,7 @@ that labs, quiz keys and lab 12's graders import (graders never contain it):
 """
 
 from dtlab.plan.job import JOBS, LLAMA_7B, LLAMA_13B, LLAMA_70B, Requirements
+from dtlab.plan.large_jobs import CAPSTONE_JOBS, DEEPSEEK_V3, LARGE_JOBS, LLAMA3_405B
 from dtlab.plan.layout_cost import (
     StepTraffic,
     activation_bytes_per_gpu,
@@ -27,7 +34,8 @@ from dtlab.plan.layout_cost import (
     state_bytes_per_gpu,
     traffic_per_gpu,
 )
-from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.memory_by_category import MemoryPerGPU, memory_per_gpu
+from dtlab.plan.parallel_plan import RECOMPUTE, ParallelPlan
 from dtlab.plan.problems import plan_problems
 from dtlab.plan.search import candidate_plans, first_plan_that_fits
 from dtlab.plan.wall_clock import (
@@ -37,11 +45,17 @@ from dtlab.plan.wall_clock import (
 )
 
 __all__ = [
+    "CAPSTONE_JOBS",
     "CHECKPOINT_BYTES_PER_PARAM",
+    "DEEPSEEK_V3",
     "JOBS",
+    "LARGE_JOBS",
+    "LLAMA3_405B",
     "LLAMA_7B",
     "LLAMA_13B",
     "LLAMA_70B",
+    "RECOMPUTE",
+    "MemoryPerGPU",
     "ParallelPlan",
     "Requirements",
     "StepTraffic",
@@ -50,6 +64,7 @@ __all__ = [
     "checkpoint_interval_s",
     "days_to_train",
     "first_plan_that_fits",
+    "memory_per_gpu",
     "micro_batches",
     "pipeline_bubble",
     "plan_problems",

@@ -10,11 +10,15 @@ back-of-the-envelope table, built from the library's formulas:
   :func:`dtlab.memory.model_state_bytes`;
 * **activations** — TP + sequence parallel with selective recomputation keeps ``34·s·b·h/t``
   bytes per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", Table 2): :func:`dtlab.memory.activation_bytes_per_layer`;
+  Transformer Models", Table 2), ``2·s·b·h/t`` with full recomputation, ``s/cp`` tokens under
+  context parallelism: :func:`dtlab.memory.activation_bytes_per_layer`;
 * **bubble** — ``(p-1)/(m+p-1)`` of a 1F1B step idle, ``(p-1)/(v·m+p-1)`` interleaved
   (Narayanan et al. 2021, Sec. 2.2): :mod:`dtlab.cost.bubble`;
 * **communication** — the bytes one GPU sends per optimizer step along each mesh dimension
-  (:mod:`dtlab.cost.volumes`): :func:`traffic_per_gpu`.
+  (:mod:`dtlab.cost.volumes`, :mod:`dtlab.plan.wire` for CP and EP): :func:`traffic_per_gpu`.
+
+The by-category memory of a mixture of experts is :func:`dtlab.plan.memory_by_category.memory_per_gpu`;
+:func:`state_bytes_per_gpu` prices every parameter as dense.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume
 from dtlab.memory import activation_bytes_per_layer, model_state_bytes, zero_comm_bytes_per_rank
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
 
 
 def micro_batches(req: Requirements, plan: ParallelPlan) -> float:
@@ -35,25 +40,45 @@ def micro_batches(req: Requirements, plan: ParallelPlan) -> float:
 
 
 def state_bytes_per_gpu(params: float, plan: ParallelPlan) -> float:
-    """Model-state bytes per GPU: ``params/(tp·pp)`` per model shard, 16 B/param, ZeRO over dp."""
+    """Model-state bytes per GPU: ``params/(tp·pp)`` per model shard, 16 B/param, ZeRO over the
+    ``dp·cp`` ranks holding the same shard (every parameter dense)."""
     shard = math.ceil(params / (plan.tp * plan.pp))
-    return float(model_state_bytes(shard, plan.dp, plan.zero_stage, "mixed_adam").total)
+    return float(model_state_bytes(shard, plan.dp * plan.cp, plan.zero_stage, "mixed_adam").total)
+
+
+def first_stage_layers_in_flight(req: Requirements, plan: ParallelPlan) -> int:
+    """Layers' worth of activations stage 0 holds under 1F1B: ``pp`` micro-batches of its
+    layers. Balanced stages give ``L`` whatever ``pp`` is; when the first and last stage are
+    each ``τ`` layers short (Llama 3), stage 0 runs ``(L+2τ)/pp − τ`` layers: ``L + 2τ − pp·τ``."""
+    if plan.pp == 1:
+        return req.n_layers
+    return req.pipeline_layer_slots - plan.pp * req.pipeline_end_trim
 
 
 def activation_bytes_per_gpu(req: Requirements, plan: ParallelPlan) -> float:
-    """Peak activations on the first pipeline stage: TP + SP, selective recomputation.
+    """Peak activations on the first pipeline stage: TP + SP, the plan's recomputation.
 
     1F1B keeps ``pp`` micro-batches in flight on stage 0, each holding its ``L/pp`` layers, so
-    the total is ``L`` layers' worth whatever ``pp`` is; interleaving multiplies it by
-    ``1 + (pp-1)/(pp·v)`` (Korthikanti et al. 2022, Sec. 4.2.3).
+    the total is ``L`` layers' worth whatever ``pp`` is (:func:`first_stage_layers_in_flight`);
+    interleaving multiplies it by ``1 + (pp-1)/(pp·v)`` (Korthikanti et al. 2022, Sec. 4.2.3).
+    Context parallelism leaves ``s/cp`` tokens per rank (flash-style ring attention keeps no
+    ``s²`` scores; with ``recompute="none"`` the formula's score term is priced for the local
+    ``s/cp``). A mixture of experts is priced as the dense layer of the same width (an
+    assumption: DeepSeek-V3's 9 experts of 2,048 per token hold less than a 4·d MLP).
     """
     per_layer = activation_bytes_per_layer(
-        req.seq_len, plan.micro_batch_size, req.d_model, req.n_heads, plan.tp, True, "selective"
+        req.seq_len // plan.cp,
+        plan.micro_batch_size,
+        req.d_model,
+        req.n_heads,
+        plan.tp,
+        True,
+        plan.recompute,
     )
     interleave = (
         1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages) if plan.virtual_stages > 1 else 1
     )
-    return req.n_layers * per_layer * interleave
+    return first_stage_layers_in_flight(req, plan) * per_layer * interleave
 
 
 def pipeline_bubble(req: Requirements, plan: ParallelPlan) -> float:
@@ -71,35 +96,56 @@ class StepTraffic:
     dp: float
     tp: float
     pp: float
+    cp: float = 0.0
+    ep: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.dp + self.tp + self.pp
+        return self.dp + self.tp + self.pp + self.cp + self.ep
 
 
 def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int = 2) -> StepTraffic:
-    """Bytes one GPU sends per optimizer step along dp, tp and pp (ring collectives, bf16).
+    """Bytes one GPU sends per optimizer step along dp, tp, pp, cp and ep (ring collectives, bf16;
+    ``s`` below is the rank's ``seq_len/cp`` tokens).
 
-    * ``dp``: the gradients of its ``Ψ = params/(tp·pp)`` shard, once per step (accumulation
-      keeps it to one): ``2(N-1)/N·Ψ·e`` for ZeRO 0–2, ``3(N-1)/N·Ψ·e`` for ZeRO-3, whose
-      parameters are all-gathered in forward and again in backward
-      (:func:`dtlab.memory.zero_comm_bytes_per_rank`);
+    * ``dp``: the gradients of its ``Ψ = Ψ_dense/(tp·pp)`` shard over the ``N = dp·cp`` ranks
+      holding it, once per step (accumulation keeps it to one): ``2(N-1)/N·Ψ·e`` for ZeRO 0–2,
+      ``3(N-1)/N·Ψ·e`` for ZeRO-3, whose parameters are all-gathered in forward and again in
+      backward (:func:`dtlab.memory.zero_comm_bytes_per_rank`); an MoE model adds the same for
+      its ``Ψ_e/(tp·pp·ep)`` experts over the ``dp·cp/ep`` expert-data-parallel ranks;
     * ``tp``: TP + SP, per layer and micro-batch 4 all-gathers and 4 reduce-scatters of
       ``s·b·h·e``, each sending ``(t-1)/t`` of it, for the ``L/pp`` layers of its stage and the
-      ``m`` micro-batches (:func:`dtlab.cost.volumes.sp_collective_volume_per_layer`);
+      ``m`` micro-batches (:func:`dtlab.cost.volumes.sp_collective_volume_per_layer`); full
+      recomputation repeats forward's half: 1.5×;
     * ``pp``: a middle stage's activations forward and gradients back, ``2·v·m·s·b·h·e``
-      (:func:`dtlab.cost.volumes.pipeline_p2p_bytes_per_step`); 0 without a pipeline.
+      (:func:`dtlab.cost.volumes.pipeline_p2p_bytes_per_step`); 0 without a pipeline;
+    * ``cp``: ring attention's K/V blocks, ``m·(L/pp)`` times
+      :func:`dtlab.plan.wire.ring_attention_bytes_per_layer`;
+    * ``ep``: the all-to-alls of its stage's ``moe_layers/pp`` MoE layers, ``m`` times
+      :func:`dtlab.plan.wire.expert_all_to_all_bytes_per_layer`.
     """
-    shard = math.ceil(req.params / (plan.tp * plan.pp))
+    shard = math.ceil(req.dense_params / (plan.tp * plan.pp))
     m = int(micro_batches(req, plan))
-    dp = float(zero_comm_bytes_per_rank(shard, plan.dp, plan.zero_stage, bytes_per_elem))
+    dp_ranks = plan.dp * plan.cp
+    dp = float(zero_comm_bytes_per_rank(shard, dp_ranks, plan.zero_stage, bytes_per_elem))
+    if req.is_moe:
+        experts = math.ceil(req.expert_params / (plan.tp * plan.pp * plan.ep))
+        dp += zero_comm_bytes_per_rank(
+            experts, dp_ranks // plan.ep, plan.zero_stage, bytes_per_elem
+        )
+    seq = req.seq_len // plan.cp
     per_layer = sp_collective_volume_per_layer(
-        req.seq_len, plan.micro_batch_size, req.d_model, plan.tp, bytes_per_elem
+        seq, plan.micro_batch_size, req.d_model, plan.tp, bytes_per_elem
     ).bytes_sent_per_rank
-    tp = m * (req.n_layers / plan.pp) * per_layer
+    tp = m * (req.n_layers / plan.pp) * per_layer * (1.5 if plan.recompute == "full" else 1)
     pp = 0.0
     if plan.pp > 1:
         pp = pipeline_p2p_bytes_per_step(
-            req.seq_len, plan.micro_batch_size, req.d_model, m, plan.virtual_stages, bytes_per_elem
+            seq, plan.micro_batch_size, req.d_model, m, plan.virtual_stages, bytes_per_elem
         )
-    return StepTraffic(dp, tp, pp)
+    cp = m * (req.n_layers / plan.pp) * ring_attention_bytes_per_layer(req, plan, bytes_per_elem)
+    ep = 0.0
+    if req.is_moe:
+        per_moe_layer = expert_all_to_all_bytes_per_layer(req, plan, bytes_per_elem)
+        ep = m * (req.moe_layers / plan.pp) * per_moe_layer
+    return StepTraffic(dp, tp, pp, cp, ep)

@@ -8,35 +8,98 @@ Training on GPU Clusters Using Megatron-LM", Sec. 3, "takeaways"):
 2. **the fewest pipeline stages**: a pipeline costs its bubble ``(p-1)/(m+p-1)``;
 3. **the lowest ZeRO stage** that fits: stage 3 adds a parameter all-gather in backward, 1.5×
    the bytes of data parallelism; stage 1 costs nothing over DDP, so it is always taken;
-4. **the fewest model chunks per pipeline device** (interleaved 1F1B divides the bubble by ``v``
+4. for a mixture of experts, **the smallest EP** that fits at that ZeRO stage — EP before a
+   higher ZeRO stage, because ZeRO-3 would all-gather every expert's weights (most of the model)
+   twice a step while EP moves only the routed tokens (DeepSeek-V3 runs EP 64 with ZeRO-1);
+5. **the fewest model chunks per pipeline device** (interleaved 1F1B divides the bubble by ``v``
    but sends ``v`` times the activations).
 
-The candidates are the ``(dp, tp, pp)`` layouts of :func:`dtlab.mesh.layouts_of`, which lists
-them smallest ``tp`` first, then smallest ``pp``; the first that passes
-:func:`~dtlab.plan.problems.plan_problems` is the answer.
+Those five run first with the defaults every Megatron recipe starts from — selective
+recomputation, no context parallelism, micro-batch 1 — exactly the candidates (and the order)
+of the classic ``(dp, tp, pp)`` search, so the Llama 2 jobs plan as before. Only then are the
+levers that cut activations pulled, cheapest first (Korthikanti et al. 2022, Sec. 5; Liu et al.
+2023): **context parallelism**, smallest ``cp`` first (its ring hides behind attention's compute);
+then **full recomputation** (one more forward pass: 8·N instead of 6·N FLOPs), with ``cp``
+again from 1; then **no recomputation** (fastest when it fits, the most memory, so last);
+and **micro-batches of 2 and 4** last of all (more memory and a longer bubble; they only pay
+where small GEMMs are inefficient, which this model does not price). In those later tiers the
+search skips degrees that cannot work (TP not dividing the heads, a sequence CP cannot split,
+a batch that gives no whole number of micro-batches), which keeps the 16,384-GPU job to a few
+thousand candidates.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
-from dtlab.mesh import layouts_of
+from dtlab.mesh import divisors, layouts_of
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
 
 ZERO_STAGES = (1, 2, 3)
 VIRTUAL_STAGES = (1, 2, 4)
+CP_DEGREES = (1, 2, 4, 8, 16, 32)
+MICRO_BATCH_SIZES = (1, 2, 4)
+RECOMPUTE_ORDER = ("selective", "full", "none")
 
 
-def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
-    """Every plan worth checking for ``req``, in the expert's order of preference (above)."""
+def expert_degrees(req: Requirements, dp: int) -> list[int]:
+    """EP degrees worth trying: 1 for a dense model; else every divisor of ``dp`` that divides
+    the experts, smallest first."""
+    if not req.is_moe:
+        return [1]
+    return [e for e in divisors(math.gcd(req.n_experts, dp))]
+
+
+def _classic(req: Requirements) -> Iterator[ParallelPlan]:
     for layout in layouts_of(req.n_gpus, dims=("tp", "pp", "dp")):
         if layout.tp > req.gpus_per_node:
             continue
         for zero_stage in ZERO_STAGES:
-            for virtual_stages in VIRTUAL_STAGES if layout.pp > 1 else (1,):
-                yield ParallelPlan.from_layout(layout, zero_stage, 1, virtual_stages)
+            for ep in expert_degrees(req, layout.dp):
+                for virtual_stages in VIRTUAL_STAGES if layout.pp > 1 else (1,):
+                    yield ParallelPlan(
+                        layout.dp, layout.tp, layout.pp, zero_stage, 1, virtual_stages, ep=ep
+                    )
+
+
+def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
+    """(micro-batch, recompute, cp) after the classic (1, selective, 1), cheapest first."""
+    cps = [c for c in CP_DEGREES if c == 1 or req.seq_len % (2 * c) == 0]
+    for mbs in MICRO_BATCH_SIZES:
+        for recompute in RECOMPUTE_ORDER:
+            for cp in cps:
+                if (mbs, recompute, cp) != (1, "selective", 1):
+                    yield mbs, recompute, cp
+
+
+def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[ParallelPlan]:
+    slots, sequences = req.pipeline_layer_slots, req.global_batch_sequences
+    for tp in divisors(req.gpus_per_node):
+        if req.n_heads % tp or req.d_model % tp or req.n_gpus % (tp * cp):
+            continue
+        rest = req.n_gpus // (tp * cp)
+        for pp in (p for p in divisors(rest) if slots % p == 0):
+            dp = rest // pp
+            if sequences % (dp * mbs) or sequences // (dp * mbs) < pp:
+                continue
+            m = sequences // (dp * mbs)
+            chunks = [
+                v for v in VIRTUAL_STAGES if slots % (pp * v) == 0 and (v == 1 or m % pp == 0)
+            ]
+            for zero_stage in ZERO_STAGES:
+                for ep in expert_degrees(req, dp):
+                    for v in chunks if pp > 1 else (1,):
+                        yield ParallelPlan(dp, tp, pp, zero_stage, mbs, v, cp, ep, recompute)
+
+
+def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
+    """Every plan worth checking for ``req``, in the expert's order of preference (above)."""
+    yield from _classic(req)
+    for mbs, recompute, cp in _levers(req):
+        yield from _widened(req, mbs, recompute, cp)
 
 
 def first_plan_that_fits(req: Requirements) -> ParallelPlan:
@@ -45,6 +108,7 @@ def first_plan_that_fits(req: Requirements) -> ParallelPlan:
         if not plan_problems(req, plan):
             return plan
     raise ValueError(
-        f"no plan fits {req.name}: even TP within a node, a pipeline and ZeRO-3 leave too little "
-        "memory or too large a bubble; add GPUs, raise the global batch or shorten the sequence"
+        f"no plan fits {req.name}: even TP within a node, a pipeline, ZeRO-3, context parallelism "
+        "and full recomputation leave too little memory or too large a bubble; add GPUs, raise "
+        "the global batch or shorten the sequence"
     )

@@ -5,7 +5,23 @@ A plan that fits in memory can still be communication-bound. Per optimizer step 
 
 * **compute** ``= 6·Ψ·T / (G · peak · η)``: forward and backward FLOPs of ``Ψ`` parameters over
   the step's ``T`` tokens, shared by ``G`` GPUs, at the GPU's dense BF16 peak times a matmul
-  efficiency ``η`` (default 0.7: what large, well-shaped GEMMs sustain; an assumption, stated);
+  efficiency ``η`` (default 0.7: what large, well-shaped GEMMs sustain; an assumption, stated).
+  For a mixture of experts ``Ψ`` is the *active* parameters (a token runs through ``top_k``
+  experts, not all of them: :attr:`~dtlab.plan.job.Requirements.active_params`);
+* **recomputation** (:func:`recompute_flops_per_gpu`), extra work MFU does not count: selective
+  reruns the attention core's forward, ``4·L·s·d`` FLOPs per token (a third of PaLM's
+  ``12·L·s·d`` for the attention core's forward and backward, Chowdhery et al. 2022, App. B);
+  full reruns the whole forward, ``2·Ψ`` more (``8·Ψ`` in all, :mod:`dtlab.cost.flops`);
+* **context parallel**: ring attention's K/V sends overlap the attention blocks they feed (Liu
+  et al. 2023, Sec. 3), so only the part longer than the attention core's own compute
+  (``12·L·s·d`` per token) is exposed — an assumption that holds while ``s/cp`` stays long;
+  at NVLink speed when the ring (``cp·tp`` consecutive ranks) stays in a node, else at the
+  GPU's own NIC;
+* **expert parallel**: dispatch and combine all-to-alls stand between the router and the
+  experts and between the experts and the next layer, so they are exposed (DeepSeek-V3's
+  DualPipe overlaps them with another micro-batch's compute, which this model does not price);
+  at NVLink speed when an EP group (``ep·cp·tp`` consecutive ranks) stays in a node, else every
+  byte at the GPU's own NIC (an upper bound: some peers share the node);
 * **tensor parallel**: its all-gathers/reduce-scatters sit between the layer's matmuls, so their
   time is exposed, at NVLink bandwidth (TP stays inside a node — :func:`plan_problems` checks);
 * **pipeline**: point-to-point activations, exposed, at the NIC's bandwidth (stages span nodes);
@@ -16,9 +32,10 @@ A plan that fits in memory can still be communication-bound. Per optimizer step 
   members in each node).
 
 Links: ``req.gpu``'s NVLink inside a node; one 400 Gb/s NIC per GPU across nodes (a
-rail-optimised fabric: each GPU's traffic leaves on its own NIC; pipeline sends use one). Bytes per step per GPU are
-:func:`~dtlab.plan.layout_cost.traffic_per_gpu`'s. ``step = (compute + tp + pp) / (1 − bubble)
-+ exposed dp``; ``MFU = 6·Ψ·T / (G · peak · step)``.
+rail-optimised fabric: each GPU's traffic leaves on its own NIC; pipeline sends use one). Bytes
+per step per GPU are :func:`~dtlab.plan.layout_cost.traffic_per_gpu`'s.
+``step = (compute + recompute + tp + pp + exposed cp + ep) / (1 − bubble) + exposed dp``;
+``MFU = 6·Ψ·T / (G · peak · step)``.
 """
 
 from __future__ import annotations
@@ -48,11 +65,47 @@ class StepTime:
     bubble: float
     step_s: float
     mfu: float
+    recompute_s: float = 0.0
+    cp_s: float = 0.0
+    cp_exposed_s: float = 0.0
+    ep_s: float = 0.0
 
     @property
     def communication_bound(self) -> bool:
         """Whether exposed communication takes longer than the compute itself."""
-        return self.tp_s + self.pp_s + self.dp_exposed_s > self.compute_s
+        exposed = self.tp_s + self.pp_s + self.dp_exposed_s + self.cp_exposed_s + self.ep_s
+        return exposed > self.compute_s
+
+
+def attention_core_flops_per_gpu(req: Requirements) -> float:
+    """The attention core's forward and backward FLOPs one GPU runs per step: ``12·L·s·d``
+    per token (PaLM, Chowdhery et al. 2022, App. B; causal masking would halve it)."""
+    return 12 * req.n_layers * req.seq_len * req.d_model * req.global_batch_tokens / req.n_gpus
+
+
+def recompute_flops_per_gpu(req: Requirements, plan: ParallelPlan) -> float:
+    """FLOPs one GPU spends per step redoing forward work: 0 without recomputation; the
+    attention core's forward (a third of :func:`attention_core_flops_per_gpu`) when selective;
+    that plus ``2·Ψ_active·T/G`` (one more forward of the matmuls) when full."""
+    if plan.recompute == "none":
+        return 0.0
+    attention = attention_core_flops_per_gpu(req) / 3
+    if plan.recompute == "selective":
+        return attention
+    return attention + 2 * req.active_params * req.global_batch_tokens / req.n_gpus
+
+
+def group_bandwidth_of(
+    req: Requirements, span: int, nic: Link = IB_NDR_400, nics_per_node: int | None = None
+) -> float:
+    """Bytes/s per GPU for a group spanning ``span`` consecutive ranks: NVLink inside a node,
+    else the GPU's share of its node's NICs (one each, rail-optimised, by default)."""
+    spec = gpu(req.gpu)
+    if span <= req.gpus_per_node:
+        return spec.nvlink.bandwidth_bytes_per_s
+    nics = nics_per_node or req.gpus_per_node
+    share = nics * nic.bandwidth_bytes_per_s / req.gpus_per_node
+    return min(spec.nvlink.bandwidth_bytes_per_s, share)
 
 
 def dp_bus_bandwidth_of(
@@ -65,10 +118,13 @@ def dp_bus_bandwidth_of(
     NICs (default one per GPU: rail-optimised) carry the rings of its ``tp`` dp groups, one ring
     per NIC as NCCL runs them, so each group gets ``min(NVLink, nics · NIC / tp)`` — 200 GB/s at
     tp = 2 on eight 400 Gb/s NICs, 25 GB/s with one NIC per node
-    (:func:`dtlab.cost.crossover.dp_bus_bandwidth` is the tp = 1 case).
+    (:func:`dtlab.cost.crossover.dp_bus_bandwidth` is the tp = 1 case). With context
+    parallelism the gradients are reduced over the ``dp·cp`` ranks holding the same shard — one
+    group striding ``tp`` over ``dp·cp·tp`` ranks, so still ``tp`` groups per node (an MoE's
+    expert gradients, over ``dp·cp/ep`` ranks, are priced at the same bandwidth).
     """
     spec = gpu(req.gpu)
-    if plan.dp * plan.tp <= req.gpus_per_node:
+    if plan.dp * plan.cp * plan.tp <= req.gpus_per_node:
         return spec.nvlink.bandwidth_bytes_per_s
     nics = nics_per_node or req.gpus_per_node
     return min(spec.nvlink.bandwidth_bytes_per_s, nics * nic.bandwidth_bytes_per_s / plan.tp)
@@ -84,17 +140,25 @@ def step_time(
     """The step of ``plan`` for ``req`` (module docstring); assumes the plan passes
     :func:`plan_problems` (a plan that does not has no step to time)."""
     spec = gpu(req.gpu)
-    flops = 6 * req.params * req.global_batch_tokens / req.n_gpus
-    compute = flops / (spec.bf16_dense_flops * efficiency)
+    sustained = spec.bf16_dense_flops * efficiency
+    flops = 6 * req.active_params * req.global_batch_tokens / req.n_gpus
+    compute = flops / sustained
+    recompute = recompute_flops_per_gpu(req, plan) / sustained
     traffic = traffic_per_gpu(req, plan)
     tp = traffic.tp / spec.nvlink.bandwidth_bytes_per_s
     pp = traffic.pp / nic.bandwidth_bytes_per_s
     dp = traffic.dp / dp_bus_bandwidth_of(req, plan, nic, nics_per_node)
     dp_exposed = max(0.0, dp - compute * 2 / 3)
+    cp = traffic.cp / group_bandwidth_of(req, plan.cp * plan.tp, nic, nics_per_node)
+    cp_exposed = max(0.0, cp - attention_core_flops_per_gpu(req) / sustained) if cp else 0.0
+    span = plan.ep * plan.cp * plan.tp
+    ep = traffic.ep / group_bandwidth_of(req, span, nic, nics_per_node) if traffic.ep else 0.0
     bubble = pipeline_bubble(req, plan)
-    step = (compute + tp + pp) / (1 - bubble) + dp_exposed
+    step = (compute + recompute + tp + pp + cp_exposed + ep) / (1 - bubble) + dp_exposed
     mfu = flops / (spec.bf16_dense_flops * step)
-    return StepTime(compute, tp, pp, dp, dp_exposed, bubble, step, mfu)
+    return StepTime(
+        compute, tp, pp, dp, dp_exposed, bubble, step, mfu, recompute, cp, cp_exposed, ep
+    )
 
 
 def fastest_plans(

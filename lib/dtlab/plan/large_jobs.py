@@ -1,0 +1,60 @@
+"""The two jobs at the frontier: a 405B dense model on 16,384 H100 and a 671B mixture of experts.
+
+Facts from the papers; every other number is this module's assumption and says so.
+
+* :data:`LLAMA3_405B` — Dubey et al. 2024, "The Llama 3 Herd of Models": 405B parameters, 126
+  layers, d_model 16,384, 128 heads with 8 K/V heads (Table 3), 8,192-token context, 16,384 H100
+  GPUs and a 16M-token batch (Table 4: TP 8, CP 1, PP 16, DP 128 at 38–43 % BF16 MFU), 15.6T
+  tokens; the pipeline drops one layer from its first and its last stage, which also hold the
+  embedding and the output head (Sec. 3.3.2), so 126 layers split as 128 slots.
+* :data:`DEEPSEEK_V3` — DeepSeek-AI 2024, "DeepSeek-V3 Technical Report": 671B parameters of
+  which 37B are active per token, 61 layers, d_model 7,168, 128 heads; every layer but the first
+  three is MoE with 1 shared and 256 routed experts of intermediate size 2,048, 8 routed per
+  token (Sec. 4.2); 14.8T tokens at sequence length 4,096 and a batch of 15,360 sequences
+  (after the ramp); 2,048 H800 GPUs with PP 16, EP 64 over 8 nodes and ZeRO-1 data parallelism,
+  no TP (Sec. 3.2). Assumptions: the routed experts' parameters are computed from those shapes
+  (58 layers · 256 · 3·7,168·2,048 = 654B: SwiGLU's three matrices; the 37B active agrees);
+  dtlab has no H800 preset, so the job runs on ``h100_sxm`` (the H800 has the H100's compute,
+  with less NVLink bandwidth); multi-head latent attention is priced as 128 full K/V heads.
+"""
+
+from __future__ import annotations
+
+from dtlab.plan.job import LLAMA_7B, LLAMA_70B, Requirements
+
+DEEPSEEK_V3_EXPERT_PARAMS = 58 * 256 * 3 * 7168 * 2048
+"""Routed-expert parameters of DeepSeek-V3: 58 MoE layers × 256 experts × SwiGLU 3·d·2048."""
+
+LLAMA3_405B = Requirements(
+    "405B on 16384 H100",
+    405e9,
+    126,
+    16384,
+    128,
+    8192,
+    15.6e12,
+    16 * 2**20,
+    16384,
+    n_kv_heads=8,
+    pipeline_end_trim=1,
+)
+DEEPSEEK_V3 = Requirements(
+    "671B MoE (37B active) on 2048 H800",
+    671e9,
+    61,
+    7168,
+    128,
+    4096,
+    14.8e12,
+    15360 * 4096,
+    2048,
+    n_experts=256,
+    top_k=8,
+    expert_params=float(DEEPSEEK_V3_EXPERT_PARAMS),
+    moe_layers=58,
+)
+LARGE_JOBS = (LLAMA3_405B, DEEPSEEK_V3)
+"""The frontier jobs lab 11 plans end to end (lab 12's :data:`~dtlab.plan.job.JOBS` are kept)."""
+
+CAPSTONE_JOBS = (LLAMA_7B, LLAMA_70B, LLAMA3_405B, DEEPSEEK_V3)
+"""The capstone's 7B, 70B and 405B and one large MoE, smallest first."""

@@ -1,0 +1,224 @@
+"""The planner beyond (dp, tp, pp): context and expert parallelism, micro-batches and
+recomputation, each formula on a hand-computed small case, and the 405B dense and 671B MoE jobs
+planned end to end."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from dtlab.cost import gpu
+from dtlab.plan import LLAMA_7B, LLAMA_70B, ParallelPlan, Requirements, plan_problems
+from dtlab.plan.large_jobs import CAPSTONE_JOBS, DEEPSEEK_V3, LLAMA3_405B
+from dtlab.plan.layout_cost import activation_bytes_per_gpu, micro_batches, traffic_per_gpu
+from dtlab.plan.memory_by_category import memory_per_gpu
+from dtlab.plan.problems import shape_problems
+from dtlab.plan.search import candidate_plans, first_plan_that_fits
+from dtlab.plan.step_time import (
+    MATMUL_EFFICIENCY,
+    dp_bus_bandwidth_of,
+    fastest_plans,
+    step_time,
+)
+from dtlab.plan.worked import format_worked, worked_jobs
+
+# A small MoE, sizes chosen so every number below is worked by hand: 4 layers, all MoE, d = 512,
+# 8 heads with 2 K/V heads (kv_width 128), 8 experts top-2; 10 B params of which 8 B experts.
+TOY_MOE = Requirements(
+    "toy MoE", 10e9, 4, 512, 8, 1024, 1e9, 16 * 1024, 16, n_kv_heads=2,
+    n_experts=8, top_k=2, expert_params=8e9, moe_layers=4,
+)  # fmt: skip
+PEAK = gpu("h100_sxm").bf16_dense_flops
+
+
+def test_existing_positional_plans_keep_their_meaning_with_the_new_fields_defaulted():
+    plan = ParallelPlan(64, 8, 4, 1, 1, 2)
+    assert (plan.cp, plan.ep, plan.recompute) == (1, 1, "selective")
+    assert plan.world_size == 2048 and ParallelPlan(64, 8, 4, cp=2).world_size == 4096
+
+
+def test_active_parameters_are_the_dense_ones_plus_top_k_of_n_experts():
+    assert TOY_MOE.dense_params == 2e9 and TOY_MOE.active_params == 2e9 + 8e9 * 2 / 8
+    assert LLAMA_70B.active_params == LLAMA_70B.params
+    assert DEEPSEEK_V3.active_params == pytest.approx(37e9, rel=0.03)  # the paper's 37B
+    assert LLAMA3_405B.kv_width == 8 * 128 and LLAMA3_405B.global_batch_sequences == 2048
+
+
+def test_moe_state_shards_dense_params_over_dp_cp_and_experts_over_ep_then_dp_over_ep():
+    plan = ParallelPlan(4, 1, 1, 1, ep=2, cp=2)  # ZeRO-1 over dp·cp = 8, experts over 8/2 = 4
+    m = memory_per_gpu(TOY_MOE, plan)
+    dense, experts = 2e9, 8e9 / 2
+    assert m.parameters == 2 * dense + 2 * experts
+    assert m.gradients == 2 * dense + 2 * experts
+    assert m.optimizer == 12 * dense / 8 + 12 * experts / 4
+    zero3 = memory_per_gpu(TOY_MOE, ParallelPlan(4, 1, 1, 3, ep=2, cp=2))
+    assert zero3.zero3_gathered == 2 * 2 * (2e9 / 4 + 8e9 / 4 / 2)  # two layers, bf16, ep-split
+
+
+def test_a_dense_plan_costs_what_it_cost_before_cp_ep_and_recompute_existed():
+    plan = ParallelPlan(64, 8, 4, 1)
+    m = memory_per_gpu(LLAMA_70B, plan)
+    shard = 70e9 / 32
+    assert m.model_state == pytest.approx(shard * (2 + 2 + 12 / 64))
+    assert m.activations == 80 * 34 * 4096 * 8192 // 8 and m.zero3_gathered == 0
+
+
+def test_context_parallelism_divides_and_full_recompute_shrinks_the_activations():
+    base = ParallelPlan(16, 8, 1, 1)
+    assert activation_bytes_per_gpu(LLAMA_7B, ParallelPlan(8, 8, 1, 1, cp=2)) == (
+        activation_bytes_per_gpu(LLAMA_7B, base) / 2
+    )
+    full = ParallelPlan(16, 8, 1, 1, recompute="full")
+    assert activation_bytes_per_gpu(LLAMA_7B, full) == 32 * 2 * 4096 * 4096 // 8
+    none = ParallelPlan(16, 8, 1, 1, recompute="none")
+    scores = 5 * 32 * 4096 * 4096 // 8  # the 5·a·s²·b/t term selective recomputation drops
+    assert (
+        activation_bytes_per_gpu(LLAMA_7B, none)
+        == activation_bytes_per_gpu(LLAMA_7B, base) + 32 * scores
+    )
+
+
+def test_the_first_stage_of_a_trimmed_pipeline_holds_fewer_layers():
+    plan = ParallelPlan(128, 8, 16, 1)  # Llama 3's TP 8 × PP 16: stage 0 runs 7 layers
+    per_layer = 34 * 8192 * 16384 // 8
+    assert activation_bytes_per_gpu(LLAMA3_405B, plan) == 16 * 7 * per_layer
+    assert shape_problems(LLAMA3_405B, plan) == []  # 126 + 2 slots split over 16 stages
+    untrimmed = replace(LLAMA3_405B, pipeline_end_trim=0)
+    assert any("does not divide 126 layers" in p for p in shape_problems(untrimmed, plan))
+
+
+def test_ring_attention_sends_kv_blocks_three_times_and_four_with_full_recompute():
+    plan = ParallelPlan(4, 1, 1, 1, cp=4)  # s/c = 256 tokens, kv_width 128, b = 1
+    forward = (4 - 1) * 2 * 1 * 256 * 128 * 2
+    m = micro_batches(TOY_MOE, plan)
+    assert traffic_per_gpu(TOY_MOE, plan).cp == m * 4 * 3 * forward
+    full = ParallelPlan(4, 1, 1, 1, cp=4, recompute="full")
+    assert traffic_per_gpu(TOY_MOE, full).cp == m * 4 * 4 * forward
+    assert traffic_per_gpu(TOY_MOE, ParallelPlan(16, 1, 1, 1)).cp == 0
+
+
+def test_expert_all_to_alls_send_top_k_tokens_rows_times_ep_minus_1_over_ep():
+    plan = ParallelPlan(16, 1, 1, 1, ep=4)  # 1,024 tokens routed per rank and micro-batch
+    per_all_to_all = 2 * 1024 * 512 * 2 * 3 / 4
+    assert traffic_per_gpu(TOY_MOE, plan).ep == 1 * 4 * 4 * per_all_to_all  # m=1, 4 MoE layers
+    tp2 = ParallelPlan(8, 2, 1, 1, ep=4)  # sequence parallel: each TP rank routes half
+    assert traffic_per_gpu(TOY_MOE, tp2).ep == 2 * 4 * 4 * per_all_to_all / 2  # m = 2
+    assert traffic_per_gpu(TOY_MOE, ParallelPlan(16, 1, 1, 1)).ep == 0
+
+
+def test_moe_gradients_reduce_dense_over_dp_and_experts_over_the_expert_data_parallel_group():
+    plan = ParallelPlan(16, 1, 1, 1, ep=4)
+    want = 2 * (15 / 16) * 2e9 * 2 + 2 * (3 / 4) * (8e9 / 4) * 2
+    assert traffic_per_gpu(TOY_MOE, plan).dp == pytest.approx(want, rel=1e-9)
+
+
+def test_step_compute_counts_active_params_and_recompute_is_extra_work_mfu_ignores():
+    sustained = PEAK * MATMUL_EFFICIENCY
+    tokens = TOY_MOE.global_batch_tokens / 16
+    t = step_time(TOY_MOE, ParallelPlan(16, 1, 1, 1, ep=4, recompute="full"))
+    assert t.compute_s == pytest.approx(6 * 4e9 * tokens / sustained)
+    attention_forward = 4 * 4 * 1024 * 512 * tokens
+    assert t.recompute_s == pytest.approx((2 * 4e9 * tokens + attention_forward) / sustained)
+    assert t.mfu == pytest.approx(6 * 4e9 * tokens / (PEAK * t.step_s))
+    none = step_time(TOY_MOE, ParallelPlan(16, 1, 1, 1, ep=4, recompute="none"))
+    assert none.recompute_s == 0 and none.mfu > t.mfu
+
+
+def test_expert_all_to_alls_ride_nvlink_inside_a_node_and_the_nic_across_nodes():
+    inside = ParallelPlan(16, 1, 1, 1, ep=8)
+    across = ParallelPlan(16, 1, 1, 1, ep=16)  # two nodes
+    t_in, t_out = step_time(TOY_MOE, inside), step_time(TOY_MOE, across)
+    assert t_in.ep_s == pytest.approx(traffic_per_gpu(TOY_MOE, inside).ep / 450e9)
+    assert t_out.ep_s == pytest.approx(traffic_per_gpu(TOY_MOE, across).ep / 50e9)
+
+
+def test_a_ring_or_a_gradient_group_that_leaves_the_node_runs_at_the_nics():
+    in_node, across = ParallelPlan(4, 2, 1, 1, cp=2), ParallelPlan(1, 4, 1, 1, cp=4)  # 4, 16 ranks
+    assert step_time(TOY_MOE, in_node).cp_s == traffic_per_gpu(TOY_MOE, in_node).cp / 450e9
+    assert step_time(TOY_MOE, across).cp_s == traffic_per_gpu(TOY_MOE, across).cp / 50e9
+    # gradients reduce over dp·cp = 16 ranks striding tp = 1: two nodes, 8 NICs per group
+    assert dp_bus_bandwidth_of(TOY_MOE, ParallelPlan(4, 1, 1, 1, cp=4)) == 400e9
+
+
+def test_the_ring_is_exposed_only_beyond_the_attention_compute_it_hides_behind():
+    for req, plan in (
+        (TOY_MOE, ParallelPlan(4, 1, 1, 1, cp=4)),
+        (LLAMA_7B, ParallelPlan(32, 1, 1, 1, cp=2)),
+    ):
+        t = step_time(req, plan)
+        attention = 12 * req.n_layers * req.seq_len * req.d_model * req.global_batch_tokens
+        attention_s = attention / req.n_gpus / (PEAK * MATMUL_EFFICIENCY)
+        assert t.cp_s > 0 and t.cp_exposed_s == pytest.approx(max(0.0, t.cp_s - attention_s))
+
+
+def test_each_new_problem_says_what_to_change():
+    odd_sequence = replace(LLAMA_7B, seq_len=4000)  # 524 sequences: 262 micro-batches on dp 2
+    (cp,) = plan_problems(odd_sequence, ParallelPlan(2, 1, 1, cp=32))
+    assert "cannot split the 4000-token sequence into 2·cp = 64" in cp
+    assert "choose cp from [2, 4, 5, 8, 10, 16, 20, 25, 40, 50]" in cp
+    assert any(
+        "needs a mixture of experts" in p
+        for p in plan_problems(LLAMA_7B, ParallelPlan(64, 1, 1, ep=2))
+    )
+    assert any(
+        "does not divide 8 experts" in p
+        for p in plan_problems(TOY_MOE, ParallelPlan(48, 1, 1, ep=3))
+    )
+    assert any(
+        "must divide dp 16" in p for p in plan_problems(TOY_MOE, ParallelPlan(16, 1, 1, ep=32))
+    )
+    (bad,) = plan_problems(LLAMA_7B, ParallelPlan(64, 1, 1, recompute="some"))
+    assert "recompute='some' is not a choice" in bad
+    (memory,) = plan_problems(LLAMA_7B, ParallelPlan(64, 1, 1, 0))
+    for category in ("params", "grads", "optimizer", "activations", "cut activations (cp"):
+        assert category in memory
+
+
+def test_405b_needs_tp_8_and_context_parallelism_to_fit_its_8k_sequences():
+    plan = first_plan_that_fits(LLAMA3_405B)
+    assert plan.tp == 8 and plan.cp > 1 and plan_problems(LLAMA3_405B, plan) == []
+    classic = [p for p in candidate_plans(LLAMA3_405B) if (p.cp, p.recompute) == (1, "selective")]
+    shaped = [p for p in classic if not shape_problems(LLAMA3_405B, p)]
+    assert shaped and all(plan_problems(LLAMA3_405B, p) for p in shaped)
+    assert any("GB per GPU" in plan_problems(LLAMA3_405B, p)[0] for p in shaped if p.tp == 8)
+
+
+def test_the_moe_job_needs_expert_parallelism_and_its_fastest_plan_uses_it():
+    plan = first_plan_that_fits(DEEPSEEK_V3)
+    assert plan.ep > 1 and plan_problems(DEEPSEEK_V3, plan) == []
+    # without EP, 654B of experts fit only under ZeRO-3, which must gather a layer's 256 experts
+    no_ep = [p for p in candidate_plans(DEEPSEEK_V3) if p.ep == 1 and p.zero_stage < 3]
+    shaped = [p for p in no_ep if not shape_problems(DEEPSEEK_V3, p)]
+    assert shaped and all("GB per GPU" in plan_problems(DEEPSEEK_V3, p)[0] for p in shaped)
+    gathered = memory_per_gpu(DEEPSEEK_V3, replace(plan, ep=1, zero_stage=3)).zero3_gathered
+    assert gathered > 20e9
+    (best, t), *_ = fastest_plans(DEEPSEEK_V3, 1)
+    assert best.ep > 1 and t.ep_s > 0
+
+
+def test_the_search_stays_small_at_16384_gpus():
+    plans = list(candidate_plans(LLAMA3_405B))
+    assert len(plans) < 10_000 and len(set(plans)) == len(plans)
+    assert all(p.tp <= 8 and p.world_size == LLAMA3_405B.n_gpus for p in plans if p.cp > 1)
+
+
+def test_the_worked_jobs_are_planned_end_to_end():
+    rows = worked_jobs()
+    assert [r.job for r in rows] == [j for j in CAPSTONE_JOBS for _ in range(2)]
+    for first, fastest in zip(rows[::2], rows[1::2], strict=True):
+        assert (
+            plan_problems(first.job, first.plan) == [] == plan_problems(fastest.job, fastest.plan)
+        )
+        assert fastest.time.step_s <= first.time.step_s
+        assert math.isclose(first.memory.total, memory_per_gpu(first.job, first.plan).total)
+    assert "MFU" in format_worked(rows[-1]) and "experts" not in format_worked(rows[0])
+
+
+def test_llama_3s_own_layout_prices_near_its_reported_mfu_but_not_within_the_memory_model():
+    # Dubey et al. 2024, Table 4: TP 8, CP 1, PP 16, DP 128 at 41 % BF16 MFU (interleaved 1F1B)
+    paper = ParallelPlan(128, 8, 16, 1, virtual_stages=4)
+    assert 0.36 <= step_time(LLAMA3_405B, paper).mfu <= 0.46
+    problems = plan_problems(LLAMA3_405B, paper)
+    assert problems and "GB per GPU" in problems[0]  # 34·sbh/t counts dropout masks Llama lacks
