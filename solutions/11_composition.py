@@ -28,7 +28,6 @@ from dtlab.mesh import Layout
 from dtlab.models import GPTConfig
 from dtlab.plan import (
     JOBS,
-    LLAMA_13B,
     LLAMA_70B,
     ParallelPlan,
     activation_bytes_per_gpu,
@@ -40,8 +39,11 @@ from dtlab.plan import (
 )
 from dtlab.plan.mesh_order import compare_orders, crosses_nodes
 from dtlab.plan.predict import parameters_per_rank, predicted_traffic
+from dtlab.plan.predict_bubble import planner_vs_cluster
 from dtlab.plan.step_time import fastest_plans, step_time
+from dtlab.plan.worked import print_worked_jobs
 from dtlab.quiz import ask, check_exercise
+from dtlab.viz.planner import planner_widget
 
 dtlab.viz.setup_notebook()
 FAST = fast_mode()
@@ -236,6 +238,26 @@ dtlab.viz.describe(
 fig
 
 # %% [markdown]
+# **Activations and the bubble, predicted and measured.** Parameters are the easy half of memory.
+# The planner also predicts each rank's peak of bytes saved for backward
+# (`dtlab.plan.predict_activations`: the lab GPT's per-layer tensors, divided by TP and CP, times
+# the micro-batches a stage holds at once under 1F1B — `pp − stage` of them), and the pipeline's
+# bubble `(p−1)/(m+p−1)`. `planner_vs_cluster` runs one PP × CP × TP step on the eight ranks and
+# measures both: the peak with saved-tensor hooks, the bubble from the order each rank really ran
+# its forwards, backwards and messages (read off the trace and replayed on a clock where a
+# forward costs 1 and a backward 2), and, beside it, the wall-clock idle share of the same step.
+# Look for: measured bytes equal to the prediction on every rank, stage 0 holding more than the
+# last stage (two micro-batches in flight, not one), the executed order's bubble equal to the
+# formula, and the wall clock above it — on steps of a few milliseconds, message latency and the
+# last stage's extra work (the head and the loss) stretch every gap.
+
+# %%
+report = planner_vs_cluster(
+    cluster, GPTConfig.tiny(**CONFIG), {"pp": 2, "cp": 2, "tp": WORLD // 4}, schedule="1f1b",
+    n_micro=4, global_batch=GLOBAL_BATCH,
+)  # fmt: skip
+
+# %% [markdown]
 # ## 6. Which groups reduce each gradient <a id="reduction-groups"></a>
 #
 # Before the optimizer step every gradient must be summed or averaged over exactly the ranks that
@@ -349,18 +371,14 @@ def show_plans(req, limit: int = 8) -> None:
         problems = plan_problems(req, plan)
         verdict = "fits" if not problems else problems[0]
         if verdict != last and shown < limit:
-            print(
-                f"  dp={plan.dp:<4} tp={plan.tp} pp={plan.pp:<2} v={plan.virtual_stages} "
-                f"ZeRO-{plan.zero_stage}: {verdict}"
-            )
+            print(f"  {plan.describe()}: {verdict}")
             last, shown = verdict, shown + 1
         if not problems:
             break
     chosen = first_plan_that_fits(req)
     gb = (state_bytes_per_gpu(req.params, chosen) + activation_bytes_per_gpu(req, chosen)) / 1e9
     print(
-        f"  chosen: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp} v={chosen.virtual_stages} "
-        f"ZeRO-{chosen.zero_stage}, {gb:.1f} GB/GPU, bubble {pipeline_bubble(req, chosen):.1%}"
+        f"  chosen: {chosen.describe()}, {gb:.1f} GB/GPU, bubble {pipeline_bubble(req, chosen):.1%}"
     )
 
 
@@ -387,24 +405,40 @@ for nics, fabric in ((None, "one NIC per GPU"), (1, "one NIC per node")):
     rows += [("fastest", plan, t) for plan, t in fastest_plans(LLAMA_70B, 1, nics_per_node=nics)]
     for label, plan, t in rows:
         print(
-            f"  {label:<16} dp={plan.dp:<4} tp={plan.tp} pp={plan.pp} v={plan.virtual_stages} "
-            f"ZeRO-{plan.zero_stage}: step {t.step_s:.2f} s (compute {t.compute_s:.2f}, dp "
+            f"  {label:<16} {plan.describe()}: step {t.step_s:.2f} s (compute {t.compute_s:.2f}, dp "
             f"{t.dp_s:.2f} of which exposed {t.dp_exposed_s:.2f}, tp {t.tp_s:.2f}, bubble "
             f"{t.bubble:.0%}), MFU {t.mfu:.0%}"
         )
 
 # %% [markdown]
-# Pick a job and see its plans (the dropdown re-runs the planner).
+# **The frontier, end to end.** The same planner on the capstone's jobs and two at the frontier:
+# a Llama-3-405B-shaped model on 16,384 H100s (16M tokens per step, 8k context) and a
+# DeepSeek-V3-shaped mixture of experts (671B parameters, 37B active per token, 256 routed
+# experts, top-8) on 2,048 GPUs. Now the search also tries context parallelism, expert
+# parallelism (carved out of dp), micro-batch sizes and the recomputation policy, and memory
+# counts ZeRO-3's gathered layers. For each job: the first layout in the expert's order and the
+# fastest by the step-time model, with memory by category, gigabytes each GPU sends per step
+# along each dimension, and the step's parts. Look for: 405B needing TP = 8 *and* a second way to
+# split activations (CP or PP) before it fits; the MoE needing EP before its 654B of routed
+# experts fit; and its step dominated by the expert all-to-alls crossing the network, which this
+# model does not overlap (DeepSeek-V3's DualPipe hides them behind compute — that is what made
+# its PP 16 × EP 64 layout fast; and 16 stages do not divide its 61 layers evenly, so the
+# planner, which only splits evenly, refuses that layout). A model ranks layouts by what it
+# prices: it charges nothing for the smaller matrix multiplications of a finer split, so its
+# "fastest" leans on CP and PP more than a real run would.
 
 # %%
-try:
-    import ipywidgets
+print_worked_jobs()
 
-    ipywidgets.interact(
-        lambda job: show_plans(job), job=ipywidgets.Dropdown(options=[(j.name, j) for j in JOBS])
-    )
-except ImportError:
-    show_plans(LLAMA_13B)
+# %% [markdown]
+# **The planner, interactive.** Choose a model, change the GPUs, the tokens per step or the
+# sequence length, or the fabric: the fastest layouts that pass every check are ranked, with the
+# first fit in the expert's order, each with its memory per GPU against the usable memory, its
+# step time, MFU, bubble and exposed communication, and how many layouts each reason ruled out.
+
+# %%
+planner = planner_widget("70B on 2048 H100")
+planner
 
 # %% [markdown]
 # ### Exercise: pick and justify a layout <a id="exercise-pick-layout"></a>

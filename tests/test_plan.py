@@ -102,7 +102,8 @@ def test_bytes_each_gpu_sends_per_step_match_the_ring_formulas():
     assert traffic.pp == 2 * 2 * m * sbh  # activations forward, gradients back, v = 2 chunks
     assert traffic.total == traffic.dp + traffic.tp + traffic.pp
     zero3 = traffic_per_gpu(job, ParallelPlan(dp=64, tp=8, pp=4, zero_stage=3, virtual_stages=2))
-    assert math.isclose(zero3.dp, 1.5 * traffic.dp, rel_tol=1e-6)  # parameters gathered twice
+    # every one of the m micro-batches gathers the parameters twice and reduce-scatters once
+    assert math.isclose(zero3.dp, 1.5 * m * traffic.dp, rel_tol=1e-6)
 
 
 def test_without_tp_or_a_pipeline_only_data_parallel_traffic_is_left():

@@ -222,3 +222,16 @@ def test_llama_3s_own_layout_prices_near_its_reported_mfu_but_not_within_the_mem
     assert 0.36 <= step_time(LLAMA3_405B, paper).mfu <= 0.46
     problems = plan_problems(LLAMA3_405B, paper)
     assert problems and "GB per GPU" in problems[0]  # 34·sbh/t counts dropout masks Llama lacks
+
+
+def test_zero_2_and_3_pay_per_micro_batch_and_zero_1_once_per_step():
+    from dtlab.memory import zero_comm_bytes_per_rank
+    from dtlab.plan.layout_cost import dp_bytes_per_step
+
+    psi, n, e = 1_000, 4, 2
+    one = (n - 1) * (psi // n) * e  # one reduce-scatter or all-gather of the shard
+    for stage in (0, 1, 2, 3):  # one micro-batch: the classic per-step volumes
+        assert dp_bytes_per_step(psi, n, stage, 1, e) == zero_comm_bytes_per_rank(psi, n, stage, e)
+    assert dp_bytes_per_step(psi, n, 1, 8, e) == 2 * one  # accumulated locally, reduced once
+    assert dp_bytes_per_step(psi, n, 2, 8, e) == (8 + 1) * one  # RS per micro-batch, AG once
+    assert dp_bytes_per_step(psi, n, 3, 8, e) == 3 * 8 * one  # AG, AG, RS per micro-batch

@@ -278,7 +278,7 @@ class Communicator:
         sent, received = (size, 0) if op == "send" else (0, size)
         if self.via == "dtlab":
             peers = C.peers_of(self._peers)
-            with C.counting() as moved:
+            with C.counting() as moved, trace.labels(**self._labels()):
                 getattr(peers, op)(peer, tensor, name=name)
             self.stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
             self.stats.messages_sent += moved.messages_sent

@@ -104,15 +104,41 @@ class StepTraffic:
         return self.dp + self.tp + self.pp + self.cp + self.ep
 
 
+def dp_bytes_per_step(
+    params: int, ranks: int, zero_stage: int, micro_batches: int, bytes_per_elem: int = 2
+) -> float:
+    """Bytes one rank sends per optimizer step to reduce ``params`` gradients over ``ranks``
+    data-parallel ranks when the step accumulates ``micro_batches`` micro-batches.
+
+    What a stage keeps between micro-batches decides how often it talks (Rajbhandari et al.
+    2020, Sec. 5 and 7; the per-micro-batch cost is why ZeRO-2/3 are paired with few, large
+    micro-batches):
+
+    * ZeRO 0–1 accumulate the *full* gradient locally and reduce once: one all-reduce,
+      ``2(N−1)·⌈Ψ/N⌉·e`` per step, whatever ``m`` is;
+    * ZeRO-2 keeps only its gradient shard, so every micro-batch's gradient is reduce-scattered
+      into it, and the updated parameters are all-gathered once: ``(m + 1)(N−1)·⌈Ψ/N⌉·e``;
+    * ZeRO-3 also keeps only a parameter shard, so every micro-batch all-gathers the parameters
+      in forward and again in backward, and reduce-scatters its gradient: ``3m(N−1)·⌈Ψ/N⌉·e``
+      (:func:`dtlab.memory.zero_comm_bytes_per_rank` is the ``m = 1`` case).
+    """
+    one = zero_comm_bytes_per_rank(params, ranks, 0, bytes_per_elem) / 2  # (N−1)·⌈Ψ/N⌉·e
+    m = max(1, micro_batches)
+    if zero_stage <= 1:
+        return 2 * one
+    if zero_stage == 2:
+        return (m + 1) * one
+    return 3 * m * one
+
+
 def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int = 2) -> StepTraffic:
     """Bytes one GPU sends per optimizer step along dp, tp, pp, cp and ep (ring collectives, bf16;
     ``s`` below is the rank's ``seq_len/cp`` tokens).
 
     * ``dp``: the gradients of its ``Ψ = Ψ_dense/(tp·pp)`` shard over the ``N = dp·cp`` ranks
-      holding it, once per step (accumulation keeps it to one): ``2(N-1)/N·Ψ·e`` for ZeRO 0–2,
-      ``3(N-1)/N·Ψ·e`` for ZeRO-3, whose parameters are all-gathered in forward and again in
-      backward (:func:`dtlab.memory.zero_comm_bytes_per_rank`); an MoE model adds the same for
-      its ``Ψ_e/(tp·pp·ep)`` experts over the ``dp·cp/ep`` expert-data-parallel ranks;
+      holding it, with ``m`` micro-batches accumulated per step (:func:`dp_bytes_per_step`:
+      ZeRO 0–1 once per step, ZeRO-2 and ZeRO-3 once per micro-batch); an MoE model adds the
+      same for its ``Ψ_e/(tp·pp·ep)`` experts over the ``dp·cp/ep`` expert-data-parallel ranks;
     * ``tp``: TP + SP, per layer and micro-batch 4 all-gathers and 4 reduce-scatters of
       ``s·b·h·e``, each sending ``(t-1)/t`` of it, for the ``L/pp`` layers of its stage and the
       ``m`` micro-batches (:func:`dtlab.cost.volumes.sp_collective_volume_per_layer`); full
@@ -127,12 +153,10 @@ def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int =
     shard = math.ceil(req.dense_params / (plan.tp * plan.pp))
     m = int(micro_batches(req, plan))
     dp_ranks = plan.dp * plan.cp
-    dp = float(zero_comm_bytes_per_rank(shard, dp_ranks, plan.zero_stage, bytes_per_elem))
+    dp = dp_bytes_per_step(shard, dp_ranks, plan.zero_stage, m, bytes_per_elem)
     if req.is_moe:
         experts = math.ceil(req.expert_params / (plan.tp * plan.pp * plan.ep))
-        dp += zero_comm_bytes_per_rank(
-            experts, dp_ranks // plan.ep, plan.zero_stage, bytes_per_elem
-        )
+        dp += dp_bytes_per_step(experts, dp_ranks // plan.ep, plan.zero_stage, m, bytes_per_elem)
     seq = req.seq_len // plan.cp
     per_layer = sp_collective_volume_per_layer(
         seq, plan.micro_batch_size, req.d_model, plan.tp, bytes_per_elem

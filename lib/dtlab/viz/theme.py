@@ -34,7 +34,8 @@ GROUP_COLORS = {  # communication coloured by mesh dimension (timeline(color_by=
     "cp": "#EECA3B",  # yellow
     "ep": "#FF9DA6",  # pink
     "edp": "#BAB0AC",  # warm grey
-    "world": "#F58518",
+    "embedding": "#17BECF",  # cyan: the tied embedding's copies on the first and last stage
+    "world": "#393B79",  # indigo: communication outside any mesh group
 }
 
 MEMORY_CATEGORIES = (
