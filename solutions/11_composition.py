@@ -181,6 +181,10 @@ dtlab.viz.timeline(
     three_d.trace.filter(step=2).cropped(),
     title="PP × DP × TP: one training step, communication coloured by group",
     color_by="group",
+    caption=(
+        "One colour per group; brown: the shape checks each counted collective runs first, "
+        "which also wait for the slowest member."
+    ),
 )
 
 # %% [markdown]
