@@ -23,7 +23,7 @@ import torch
 
 import dtlab
 import dtlab.viz
-from dtlab.config import fast_mode, lab_world_size
+from dtlab.config import accelerator_count, fast_mode, lab_world_size
 from dtlab.mesh import Layout
 from dtlab.models import GPTConfig
 from dtlab.plan import (
@@ -191,20 +191,21 @@ dtlab.viz.timeline(
 # ## 4. The fourth dimension <a id="four-d"></a>
 #
 # Context parallel splits each sequence. On 8 ranks we can hold three dimensions of 2 at a time,
-# so here is PP × CP × TP: the ring moves K/V between the CP ranks of each stage. A real 4-D
-# layout (PP × DP × CP × TP) needs 16 ranks; its traffic is the planner's prediction, every term
-# of which the runs above have just checked against counted bytes. Look for: the `cp` ring bytes
-# (every block, forward and backward) and the gradient average over `cp`, which a DP rank would
-# also pay.
+# so first PP × CP × TP: the ring moves K/V between the CP ranks of each stage. Then all four,
+# PP × DP × CP × TP, on 16 ranks started for this cell (on the CPU unless the machine has 16
+# GPUs): the same loss as one process, and every group's counted bytes beside the prediction.
+# Look for: the `cp` ring bytes (every block, forward and backward) and the gradient average over
+# `cp`, which every DP rank pays too.
 
 # %%
 cp_run = cluster.run(train_composed, {"pp": 2, "cp": 2, "tp": WORLD // 4})
 show_traffic(cp_run)
-four_d = predicted_traffic(
-    GPTConfig.tiny(**CONFIG), Layout(pp=2, dp=2, cp=2, tp=2), global_batch=GLOBAL_BATCH,
-    n_micro=MICRO_BATCHES, bytes_per_element=8,
-)  # fmt: skip
-print("16-rank 4-D layout, stage 0, predicted bytes per rank:", four_d)
+
+# %%
+SIXTEEN_RANK_DEVICE = "auto" if accelerator_count() >= 16 else "cpu"
+with dtlab.Cluster(16, device=SIXTEEN_RANK_DEVICE, timeout=240) as sixteen:
+    four_d = sixteen.run(train_composed, {"pp": 2, "dp": 2, "cp": 2, "tp": 2})
+show_traffic(four_d)
 
 # %% [markdown]
 # ## 5. Memory per rank as dimensions are added <a id="memory"></a>

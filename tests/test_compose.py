@@ -99,7 +99,7 @@ def test_two_dimensional_layouts_train_like_one_process(cluster4, degrees, data_
         {"pp": 2, "dp": 2, "cp": 2},
     ],
 )
-def test_three_and_four_dimensional_layouts_train_like_one_process(cluster8, degrees):
+def test_three_dimensional_layouts_train_like_one_process(cluster8, degrees):
     _check(cluster8.run(_step_on_rank, degrees))
 
 
@@ -180,3 +180,9 @@ def test_moe_gpt_under_dp_by_ep_trains_like_one_process(cluster4):
         assert result["norm"] < 1e-12, result["norm"]  # each expert counted once, on its edp rank 0
         assert result["reduced"]["blocks.1.mlp.experts.fc_in.weight"] == ("edp",)
         assert result["reduced"]["blocks.1.attn.q_proj.weight"] == ("dp",)
+
+
+def test_the_four_dimensional_layout_trains_like_one_process():
+    """PP × DP × CP × TP = 2 × 2 × 2 × 2 on 16 ranks: every mechanism at once."""
+    with dtlab.Cluster(16, timeout=300, start_timeout=300) as cluster16:
+        _check(cluster16.run(_step_on_rank, {"pp": 2, "dp": 2, "cp": 2, "tp": 2}))
