@@ -98,7 +98,8 @@ def test_numeric_tolerance_and_gib_slip_hint():
     wrong = grade(item, 1001 / 1.024**3)
     assert not wrong.correct
     assert "GiB" in wrong.feedback
-    assert "expected_rank_sum(world_size=1001) × 0.002" in wrong.feedback
+    assert item.key.describe().endswith("expected_rank_sum(world_size=1001) × 0.002")  # authors
+    assert "expected_rank_sum" not in wrong.feedback  # never shown to a learner
 
 
 def test_slip_hint_names_bits_versus_bytes():
@@ -140,3 +141,12 @@ def test_short_answer_score_is_the_fraction_of_rubric_points_ticked(bank):
 def test_code_item_needs_a_function(bank):
     with pytest.raises(AnswerError, match="answered with your function"):
         grade(bank["setup.rank_sum"], "print(1)")
+
+
+def test_grade_text_keeps_grader_internals_out():
+    from dtlab.quiz import load_bank
+
+    item = load_bank()["composition.zero3_micro_batches"]
+    for response in ("839", "210"):
+        text = grade(item, response).feedback
+        assert "key" not in text.lower() and "Computed by" not in text and "dtlab." not in text

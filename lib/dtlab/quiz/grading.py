@@ -92,16 +92,15 @@ def _grade_numeric(item: Item, response: object) -> Grade:
     unit = f" {item.unit}" if item.unit else ""
     lines = [_verdict(correct, float(correct))]
     if correct:
-        lines.append(f"The key is {key:.6g}{unit}; you said {value:.6g}{unit}.")
+        lines.append(f"The answer is {key:.6g}{unit}; you said {value:.6g}{unit}.")
     else:
         lines.append(
-            f"You said {value:.6g}{unit}; the key is {key:.6g}{unit} "
-            f"(tolerance: {item.tolerance.describe()})."
+            f"You said {value:.6g}{unit}; the answer is {key:.6g}{unit} "
+            f"(accepted: {item.tolerance.describe()})."
         )
         hint = slip_hint(value, key)
         if hint:
             lines.append(hint)
-    lines.append(f"Computed by {item.key.describe()}.")
     lines.append(item.explanation)
     return Grade(correct, float(correct), "\n".join(lines))
 
