@@ -58,7 +58,7 @@ FAST = fast_mode()
 # %%
 # Eight ranks on a laptop share its cores: the first step of each layout also imports torch's
 # optimizer machinery in every rank, so a hang is declared after 4 minutes, not the default 1.
-cluster = dtlab.Cluster(lab_world_size(8), timeout=240)
+cluster = dtlab.Cluster(lab_world_size(8), timeout=240, start_timeout=240)
 WORLD = cluster.world_size
 RANKS_PER_NODE = WORLD // 2
 CONFIG = dict(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
@@ -203,7 +203,7 @@ show_traffic(cp_run)
 
 # %%
 SIXTEEN_RANK_DEVICE = "auto" if accelerator_count() >= 16 else "cpu"
-with dtlab.Cluster(16, device=SIXTEEN_RANK_DEVICE, timeout=240) as sixteen:
+with dtlab.Cluster(16, device=SIXTEEN_RANK_DEVICE, timeout=240, start_timeout=240) as sixteen:
     four_d = sixteen.run(train_composed, {"pp": 2, "dp": 2, "cp": 2, "tp": 2})
 show_traffic(four_d)
 
