@@ -289,7 +289,33 @@ def _run_all(page, base: str, token: str, notebook: str, name: str) -> dict:
     return state
 
 
-_LINK_FOLLOWED: list[str] = []
+_LINK_FOLLOWED: list[str] = []  # "same" / "other": which kinds of lab link were followed
+
+
+def _follow_lab_link(page, link, target, name: str) -> None:
+    """Click a lab link; JupyterLab must open (or reveal) its notebook in this window with the
+    section on screen. Then go back to the lab's tab."""
+    link.click()
+    anchor = target["anchor"].removeprefix("cell-id=")
+    # the section's anchor, as JupyterLab's sanitizer keeps it (id -> data-jupyter-id)
+    heading = page.locator(f"[data-jupyter-id='{anchor}'], [id='{anchor}']")
+    try:
+        page.wait_for_function(
+            """anchor => [...document.querySelectorAll(
+                `[data-jupyter-id='${anchor}'], [id='${anchor}']`)].some(e => {
+                const r = e.getBoundingClientRect();
+                return e.offsetParent !== null && r.top >= 0 && r.top < innerHeight;
+            })""",
+            arg=anchor,
+            timeout=60_000,
+        )
+    finally:
+        page.screenshot(path=str(OUT / name / f"link-opened-{target['file'].split('/')[-1]}.png"))
+    assert heading.count(), target
+    notebook_tab = page.locator(".lm-TabBar-tab.jp-mod-current").first.inner_text()
+    assert target["file"].split("/")[-1] in notebook_tab, notebook_tab
+    page.wait_for_timeout(3_500)  # the link re-clicks itself until 3 s (feedback._RECLICK)
+    page.locator(f".lm-TabBar-tab:has-text('{name}')").first.click()  # back to the lab
 
 
 def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
@@ -318,28 +344,27 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
             rf"{re.escape(base)}/lab/(workspaces/[^/]+/)?tree/(?P<file>[^#?]+)#(?P<anchor>.+)", href
         )
         assert target and (work / target["file"]).exists(), href
-        if not _LINK_FOLLOWED:  # once per session: JupyterLab opens it and scrolls to the section
-            _LINK_FOLLOWED.append(href)
-            link.click()
-            anchor = target["anchor"].removeprefix("cell-id=")
-            # the section's anchor, as JupyterLab's sanitizer keeps it (id -> data-jupyter-id)
-            heading = page.locator(f"[data-jupyter-id='{anchor}'], [id='{anchor}']")
-            try:
-                page.wait_for_function(
-                    """anchor => [...document.querySelectorAll(
-                        `[data-jupyter-id='${anchor}'], [id='${anchor}']`)].some(e => {
-                        const r = e.getBoundingClientRect();
-                        return e.offsetParent !== null && r.top >= 0 && r.top < innerHeight;
-                    })""",
-                    arg=anchor,
-                    timeout=60_000,
-                )
-            finally:
-                page.screenshot(path=str(OUT / name / "link-opened.png"))
-            assert heading.count(), href
-            notebook_tab = page.locator(".lm-TabBar-tab.jp-mod-current").first.inner_text()
-            assert target["file"].split("/")[-1] in notebook_tab, notebook_tab
-            page.locator(f".lm-TabBar-tab:has-text('{name}')").first.click()  # back to the lab
+        # once per session for a link into the same notebook and once into another one:
+        # JupyterLab opens (or reveals) it in this window and scrolls to the section
+        kind = "same" if target["file"].split("/")[-1] == f"{name}.ipynb" else "other"
+        if kind not in _LINK_FOLLOWED:
+            _LINK_FOLLOWED.append(kind)
+            _follow_lab_link(page, link, target, name)
+            quiz.scroll_into_view_if_needed()
+        if "other" not in _LINK_FOLLOWED:  # this lab's links stay inside it: try one to lab 01
+            from dtlab.quiz.feedback import markdown_to_html
+
+            other = "lab:01#reduction-precision" if name != "01_collectives" else "lab:00#failures"
+            feedback.evaluate(
+                "(e, html) => e.insertAdjacentHTML('beforeend', html)",
+                markdown_to_html(f"(test) see {other}"),
+            )
+            injected = feedback.locator("a[href*='.ipynb#']").last
+            href = injected.evaluate("a => a.href")
+            _LINK_FOLLOWED.append("other")
+            _follow_lab_link(
+                page, injected, re.match(r".*/(?P<file>[^/#]+)#(?P<anchor>.+)", href), name
+            )
             quiz.scroll_into_view_if_needed()
     quiz.locator(f"label:has-text('({right})') input[type=radio]").check()
     quiz.locator("button:has-text('Check')").click()
@@ -347,9 +372,9 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
     quiz.screenshot(path=str(OUT / name / "quiz-right.png"))
     assert "key is" not in feedback.inner_text()
 
-    numeric = page.locator(".dtlab-quiz:has(input[placeholder*='then Enter'])").first
+    numeric = page.locator(".dtlab-quiz:has(input[placeholder^='a number'])").first
     if numeric.count():
-        box = numeric.locator("input[placeholder*='then Enter']")
+        box = numeric.locator("input[placeholder^='a number']")
         box.scroll_into_view_if_needed()
         box.fill("123456789")
         box.press("Enter")

@@ -104,16 +104,26 @@ def markdown_to_html(text: str) -> str:
     return rendered.replace("<a href=", "<a target='_blank' rel='noopener' href=").strip()
 
 
+_RECLICK = (
+    "if (event.isTrusted) { const a = this; "
+    "[1200, 3000].forEach(t => setTimeout(() => a.click(), t)); }"
+)
 _NOTEBOOK_LINK = re.compile(r'<a href="(?P<path>\d\d_\w+\.ipynb)(?P<fragment>#[^"]*)?"')
 
 
 def _in_app_link(match: re.Match) -> str:
     """A lab link that JupyterLab itself follows: its command linker runs
     ``rendermime:handle-local-link``, which opens (or reveals) the notebook in the same window
-    and scrolls to the fragment's cell; elsewhere the plain ``href`` opens in a new tab."""
+    and scrolls to the fragment's cell; elsewhere the plain ``href`` opens in a new tab.
+
+    JupyterLab 4.6 looks for the cell as soon as a *newly opened* notebook's file is loaded,
+    before its cells exist, and then does not scroll (jupyterlab#15207); revealing an open
+    notebook does scroll. So a real click also re-clicks the link twice, 1.2 s and 3 s later:
+    the notebook is open by then and each re-click scrolls to the cell."""
     args = {"path": match["path"], "id": match["fragment"] or ""}
     return (
         "<a target='_blank' rel='noopener' "
+        f'onclick="{_RECLICK}" '
         "data-commandlinker-command='rendermime:handle-local-link' "
         f"data-commandlinker-args='{html.escape(json.dumps(args), quote=True)}' "
         f'href="{match["path"]}{match["fragment"] or ""}"'
