@@ -61,3 +61,26 @@ def test_mesh_groups_match_torch_init_device_mesh_for_every_layout_of_eight_rank
     with dtlab.Cluster(8, device="cpu", timeout=240) as cluster:
         for mismatches in cluster.run(_meshes_side_by_side_with_torch, layouts_of(8)):
             assert mismatches == []
+
+
+def _threads_after_meshes(n: int) -> int:
+    import os
+
+    from dtlab.mesh import Mesh
+
+    for _ in range(n):
+        Mesh(dp=2, tp=2)
+    return len(os.listdir(f"/proc/{os.getpid()}/task"))
+
+
+def test_building_the_same_mesh_again_makes_no_new_groups(cluster4):
+    """A warm cluster's ranks build meshes for a whole session: every new gloo group opens
+    connections and a polling thread that live as long as the rank, so a mesh built anew per
+    run leaked threads until idle ranks used most of a core. The groups are built once."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("counts threads in /proc")
+    first = cluster4.run(_threads_after_meshes, 1)
+    again = cluster4.run(_threads_after_meshes, 10)
+    assert [a <= f for f, a in zip(first, again, strict=True)] == [True] * 4, (first, again)

@@ -28,6 +28,22 @@ from dtlab.mesh.layout import ORDER, Layout
 DIMS = (*ORDER, "ep", "edp")
 
 
+def _build_groups(layout: Layout, device_type: str):
+    """A layout's ``DeviceMesh`` and its process group per dimension (collective: every rank
+    builds the same ones in the same order; :class:`Mesh` caches them per process)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_mesh = init_device_mesh(device_type, layout.shape, mesh_dim_names=ORDER)
+    groups = {name: device_mesh.get_group(name) for name in ORDER}
+    if layout.ep > 1:  # every rank enumerates every group, in the same order
+        for dim in ("ep", "edp"):
+            groups[dim], _ = dist.new_subgroups_by_enumeration(layout.groups(dim))
+    else:  # one expert per rank group: EP is trivial, expert data parallel is plain dp
+        groups["ep"], _ = dist.new_subgroups_by_enumeration(layout.groups("ep"))
+        groups["edp"] = groups["dp"]
+    return device_mesh, groups
+
+
 class _Along:
     """``mesh.<dim>_<what>``: one descriptor per (dimension, attribute) pair."""
 
@@ -62,17 +78,14 @@ class Mesh:
             from dtlab.runtime.context import device
 
             device_type = device().type
-        from torch.distributed.device_mesh import init_device_mesh
+        from dtlab.runtime.context import cached_groups
 
-        self.device_mesh = init_device_mesh(device_type, self.layout.shape, mesh_dim_names=ORDER)
-        self._groups = {name: self.device_mesh.get_group(name) for name in ORDER}
+        key = ("mesh", device_type, self.layout.shape, self.layout.ep)
+        self.device_mesh, groups = cached_groups(
+            key, lambda: _build_groups(self.layout, device_type)
+        )
+        self._groups = dict(groups)
         self._ranks = {dim: self.layout.group_of(dim, self.rank) for dim in DIMS}
-        if self.layout.ep > 1:  # every rank enumerates every group, in the same order
-            for dim in ("ep", "edp"):
-                self._groups[dim], _ = dist.new_subgroups_by_enumeration(self.layout.groups(dim))
-        else:  # one expert per rank group: EP is trivial, expert data parallel is plain dp
-            self._groups["ep"], _ = dist.new_subgroups_by_enumeration(self.layout.groups("ep"))
-            self._groups["edp"] = self._groups["dp"]
 
     def _along(self, dim: str, what: str):
         if what == "group":

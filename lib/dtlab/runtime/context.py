@@ -14,6 +14,8 @@ import torch.distributed as dist
 from dtlab.mesh.layout import Layout, divisors
 
 _groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
+# Groups (and device meshes) built once per process and reused: see :func:`cached_groups`.
+_cached: dict[tuple, object] = {}
 
 
 def is_distributed() -> bool:
@@ -92,6 +94,27 @@ def split_into_groups(group_size: int) -> tuple[dist.ProcessGroup, list[list[int
     return mine, blocks
 
 
+def cached_groups(key: tuple, build):
+    """``build()`` the first time ``key`` is asked for on this process's world group, then the
+    same result again.
+
+    Every ``new_group`` on gloo opens connections and a polling thread that live as long as the
+    process, and a warm Cluster's ranks live for a whole notebook or test session: building a
+    mesh's groups anew for every run leaked hundreds of threads per rank, which together kept
+    idle ranks busy. Every rank builds the same meshes in the same order, so every rank hits or
+    misses the cache together and the collective ``new_group`` calls stay matched. The key
+    includes the world group itself, so a re-initialised world never reuses a dead group.
+    """
+    world = dist.distributed_c10d._get_default_group()
+    full_key = (id(world), *key)
+    entry = _cached.get(full_key)
+    if entry is None or entry[0] is not world:
+        entry = (world, build())
+        _cached[full_key] = entry
+    return entry[1]
+
+
 def _forget_groups() -> None:
     """Drop cached groups when the process group is torn down."""
     _groups_by_ranks.clear()
+    _cached.clear()

@@ -43,9 +43,15 @@ def hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.Process
         blocks = [ranks[i : i + shard] for i in range(0, dp, shard)]
         shard_groups += blocks
         replica_groups += [[b[i] for b in blocks] for i in range(shard)]
-    mine_shard, _ = dist.new_subgroups_by_enumeration(shard_groups)
-    mine_replica, _ = dist.new_subgroups_by_enumeration(replica_groups)
-    return mine_shard, mine_replica
+    from dtlab.runtime.context import cached_groups
+
+    def build():
+        mine_shard, _ = dist.new_subgroups_by_enumeration(shard_groups)
+        mine_replica, _ = dist.new_subgroups_by_enumeration(replica_groups)
+        return mine_shard, mine_replica
+
+    key = ("hsdp", tuple(map(tuple, shard_groups)), tuple(map(tuple, replica_groups)))
+    return cached_groups(key, build)
 
 
 def node_share_of_dp(mesh: Mesh) -> int:
