@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from dtlab.cost import bubble_fraction_of_total, interleaved_bubble_fraction_of_total
 from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume_per_layer
-from dtlab.memory import activation_bytes_per_layer, model_state_bytes, zero_comm_bytes_per_rank
+from dtlab.memory import activation_bytes_per_layer, model_state_bytes, shard_numel
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
@@ -122,7 +122,7 @@ def dp_bytes_per_step(
       in forward and again in backward, and reduce-scatters its gradient: ``3m(N−1)·⌈Ψ/N⌉·e``
       (:func:`dtlab.memory.zero_comm_bytes_per_rank` is the ``m = 1`` case).
     """
-    one = zero_comm_bytes_per_rank(params, ranks, 0, bytes_per_elem) / 2  # (N−1)·⌈Ψ/N⌉·e
+    one = (ranks - 1) * shard_numel(params, ranks) * bytes_per_elem  # one RS or AG of a shard
     m = max(1, micro_batches)
     if zero_stage <= 1:
         return 2 * one
