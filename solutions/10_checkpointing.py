@@ -456,10 +456,12 @@ ask("checkpointing.async_interval")
 # torchft's idea is to let the **healthy data-parallel replicas keep going**. Every step the live
 # replicas agree on a *quorum* (a replica that misses its heartbeat is left out) and all-reduce
 # over exactly those. A replacement asks to rejoin and copies the weights and optimizer state
-# from a healthy peer before its first step. Here each rank is one replica. At step 3 replica
-# `N−1` loses everything (its process stays up, because the Cluster ends the whole run when a
-# rank process dies). Look for the quorum sizes, the survivors stepping through every step, the
-# rejoined replica holding identical weights, and a loss on a held-out batch close to the
+# from a healthy peer before its first step. Here each replica is its own OS process, started
+# by one Cluster rank acting as its launcher. At step 3 replica `N−1`'s process receives
+# `SIGKILL`: its weights, optimizer state and sockets die with it. Its launcher sees the death,
+# waits for a "boot" and starts a new process from a different random model. Look for the quorum
+# sizes, the survivors stepping through every step, the killed process and its replacement,
+# the rejoined replica holding identical weights, and a loss on a held-out batch close to the
 # unfailed run's (the step without the replica averaged over fewer samples).
 
 # %%
@@ -468,6 +470,7 @@ unfailed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0)
 failed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0, crash=(N - 1, 3)))
 print("quorum size per step:", [len(failed[0]["quorums"][s]) for s in range(steps)])
 print(f"steps done by replica 0: {sorted(failed[0]['losses'])}")
+print(f"replica {N - 1}'s processes: {failed[N - 1]['deaths']} then pid {failed[N - 1]['pid']}")
 print(f"state copied to the replacement: {failed[N - 1]['state_bytes_received_or_sent']:,} B")
 same = all(torch.equal(v, failed[N - 1]["params"][k]) for k, v in failed[0]["params"].items())
 print(f"replacement equals the survivors: {same}")

@@ -124,68 +124,163 @@ def _save_fsdp(root):
     return full if dtlab.rank() == 0 else None
 
 
+def _bytes_opened(fn):
+    """Run ``fn()``, counting the bytes actually read from checkpoint files (by the reader's own
+    ``open``, not by the library's counter)."""
+    import builtins
+
+    import dtlab.checkpoint.storage as storage
+
+    count = [0]
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def seek(self, *a):
+            return self.f.seek(*a)
+
+        def read(self, *a):
+            data = self.f.read(*a)
+            count[0] += len(data)
+            return data
+
+    storage.open = lambda *a, **k: Counting(builtins.open(*a, **k))  # noqa: SIM115
+    try:
+        out = fn()
+    finally:
+        del storage.open
+    return out, count[0]
+
+
+def _needed_bytes(meta: dict, state) -> int:
+    """Bytes of the stored pieces that overlap what ``state`` wants, by hand: flat ranges
+    intersect when each starts before the other ends; a whole tensor needs every piece."""
+    needed = {}
+    for name, local in state.items():
+        for e in meta["tensors"][name]["pieces"]:
+            if not e["box"]["flat"]:  # a replicated piece: the whole tensor
+                hit = local.box.numel > 0
+            elif local.box.flat:
+                a, b = e["box"]["offsets"][0], e["box"]["offsets"][0] + e["box"]["lengths"][0]
+                c, d = local.box.offsets[0], local.box.offsets[0] + local.box.lengths[0]
+                hit = a < d and c < b
+            else:
+                hit = e["box"]["lengths"][0] > 0
+            if hit:
+                needed[(e["file"], e["offset"])] = e["nbytes"]
+    return sum(needed.values())
+
+
 def _load_fsdp(root):
-    from dtlab.parallel import FullyShardedDataParallel
+    """Load the 4-rank FSDP checkpoint into FSDP on this cluster's ranks and into TP."""
+    from dtlab.checkpoint import tensor_parallel_state
+    from dtlab.mesh import Mesh
+    from dtlab.parallel import FullyShardedDataParallel, parallelize_gpt
 
     fsdp = FullyShardedDataParallel(GPT(CONFIG, seed=3))
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
     meta = read_metadata(final_dir(root, 2))
-    result = load(root, prepare_optimizer_state(fsdp_state(fsdp, opt), fsdp.module, opt, meta))
-    return _full_fsdp(fsdp, opt), result.extra, result.bytes_read, result.bytes_in_checkpoint
+    state = prepare_optimizer_state(fsdp_state(fsdp, opt), fsdp.module, opt, meta)
+    result, opened = _bytes_opened(lambda: load(root, state))
+    extra_bytes = meta["extras"][str(dtlab.rank())]["nbytes"]
+    model = GPT(CONFIG, seed=8)
+    parallelize_gpt(model, Mesh(tp=dtlab.world_size()))
+    tp_opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tp_state = prepare_optimizer_state(tensor_parallel_state(model, tp_opt), model, tp_opt, meta)
+    load(root, tp_state)
+    tp = {k: (v.tensor.clone(), flat_indices(v.box), v.replicated) for k, v in tp_state.items()}
+    return {
+        "full": _full_fsdp(fsdp, opt),
+        "extra": result.extra,
+        "opened": opened,
+        "needed": _needed_bytes(meta, state) + extra_bytes,
+        "counted": result.bytes_read + extra_bytes,
+        "total": result.bytes_in_checkpoint,
+        "tp": tp,
+    }
 
 
 def test_fsdp_on_four_ranks_reloads_on_two_with_weights_and_adam_state_equal(
     cluster4, cluster2, tmp_path
 ):
+    """dp=4 -> dp=2 and dp=4 -> tp=2: weights and both Adam moments equal the saved ones,
+    and each rank reads exactly the bytes of the stored pieces its slices overlap."""
     saved = cluster4.run(_save_fsdp, str(tmp_path))[0]
-    for rank, (loaded, extra, read, total) in enumerate(cluster2.run(_load_fsdp, str(tmp_path))):
-        assert extra == {"rank": rank}  # new rank r gets saved rank r's extra (RNG, position)
-        assert read < total
-        assert set(loaded) == set(saved)
-        for name, value in loaded.items():
+    for rank, out in enumerate(cluster2.run(_load_fsdp, str(tmp_path))):
+        assert out["extra"] == {
+            "rank": rank
+        }  # new rank r gets saved rank r's extra (RNG, position)
+        assert out["opened"] == out["needed"] == out["counted"] < out["total"], rank
+        assert set(out["full"]) == set(saved)
+        for name, value in out["full"].items():
             assert torch.equal(value, saved[name]), f"rank {rank}: {name}"
+        sharded = [k for k, (_, _, replicated) in out["tp"].items() if not replicated]
+        assert any(k.startswith("optim/") for k in sharded) and any(
+            k.startswith("model/") for k in sharded
+        )
+        for name, (tensor, index, _) in out["tp"].items():
+            if name in saved:
+                assert torch.equal(tensor.reshape(-1), saved[name].reshape(-1)[index]), name
 
 
 def _async_save_while_training(root):
-    """The write is held until training has stepped (mutating the live weights) — the checkpoint
-    must still hold the values at snapshot time."""
-    import dtlab.checkpoint.save_load as sl
+    """Each background write is held until training has stepped (mutating the live weights and
+    the ``extra`` dict); the second save is called while the first write is still held, so it
+    must wait for it before refilling the reused snapshot buffers. Each checkpoint must still
+    hold the values at its own snapshot."""
+    import dtlab.checkpoint.async_save as background
     from dtlab.checkpoint import AsyncCheckpointer
+    from dtlab.trace import span
 
     fsdp, opt = _train_fsdp()
     before = _full_fsdp(fsdp, opt)
-    stepped = threading.Event()
-    real_write = sl.write_pieces
+    release = [threading.Event(), threading.Event()]
+    entered = [threading.Event(), threading.Event()]
+    calls = iter(range(2))
+    real_write = background.write_rank
 
-    def held_write(path, pieces):
-        stepped.wait(30)
-        return real_write(path, pieces)
+    def held_write(*args, **kwargs):  # the writer thread, before it touches any byte
+        k = next(calls)
+        entered[k].set()
+        release[k].wait(30)
+        return real_write(*args, **kwargs)
 
-    sl.write_pieces = held_write
+    def train_step():
+        with span("train_step", kind="compute"):
+            for p in fsdp.parameters():
+                p.grad = torch.ones_like(p)
+            opt.step()
+
+    background.write_rank = held_write
     saver = AsyncCheckpointer(root)
     state = fsdp_state(fsdp, opt)
+    extra = {"next_batch": 2}
     try:
-        saver.save(2, state, None)
-        for p in fsdp.parameters():
-            p.grad = torch.ones_like(p)
-        opt.step()  # training goes on while the write is in flight
+        saver.save(2, state, extra)
+        entered[0].wait(30)  # the write has started (its span is open) ...
+        train_step()  # ... and training goes on: weights and extra change under it
+        extra["next_batch"] = 3
         changed = not torch.equal(
             _full_fsdp(fsdp, opt)["model/embed.weight"], before["model/embed.weight"]
         )
-        stepped.set()
-        saver.wait()
-        # A second save reuses the snapshot buffers (the first write is done) and is again
-        # held while training mutates the weights.
         middle = _full_fsdp(fsdp, opt)
         buffers = {k: t.data_ptr() for k, t in saver._buffers.items()}
-        stepped.clear()
-        saver.save(3, state, None)
+        threading.Timer(0.2, release[0].set).start()  # the first write ends only later
+        saver.save(3, state, extra)  # must wait for write 2 before refilling the buffers
         reused = buffers == {k: t.data_ptr() for k, t in saver._buffers.items()}
-        opt.step()
-        stepped.set()
+        entered[1].wait(30)
+        train_step()
+        release[1].set()
         saver.wait()
     finally:
-        sl.write_pieces = real_write
+        background.write_rank = real_write
     torch.distributed.barrier()
     return {
         "before": before if dtlab.rank() == 0 else None,
@@ -198,14 +293,21 @@ def _async_save_while_training(root):
 def test_async_save_writes_the_snapshot_not_the_tensors_training_mutates(cluster, tmp_path):
     out = cluster.run(_async_save_while_training, str(tmp_path))
     assert all(o["changed"] and o["reused"] for o in out)  # weights moved during each write
-    names = {s.name for s in out.trace.spans}
-    assert {"checkpoint_snapshot", "checkpoint_write"} <= names
+    for rank, spans in out.trace.by_rank().items():
+        snaps = [s for s in spans if s.name == "checkpoint_snapshot"]
+        writes = [s for s in spans if s.name == "checkpoint_write"]
+        steps = [s for s in spans if s.name == "train_step"]
+        assert len(snaps) == len(writes) == len(steps) == 2, rank
+        for snap, write, step in zip(snaps, writes, steps, strict=True):
+            assert snap.end_ns <= step.start_ns  # the snapshot blocks: done before training
+            assert write.start_ns < step.end_ns and step.end_ns < write.end_ns  # overlapped
     for step, key in ((2, "before"), (3, "middle")):
         model = GPT(CONFIG, seed=3)
         opt = torch.optim.AdamW(model.parameters())
         meta = read_metadata(final_dir(tmp_path, step))
         state = prepare_optimizer_state(replicated_state(model, opt), model, opt, meta)
-        load(tmp_path, state, step)
+        result = load(tmp_path, state, step)
+        assert result.extra == {"next_batch": step}  # extra as of the snapshot, not the write
         want = out[0][key]
         for name, local in state.items():
             if name in want:

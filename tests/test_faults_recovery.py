@@ -59,6 +59,20 @@ def test_a_kill_in_the_middle_of_an_async_write_resumes_bit_for_bit(
     assert _same(rec.result[0], uninterrupted)
 
 
+def test_a_raise_and_a_straggler_on_real_ranks_end_in_a_bit_for_bit_resume(
+    cluster, uninterrupted, tmp_path
+):
+    faults = [
+        Fault("slow", rank=0, step=1, seconds=0.2),  # a straggler: everyone waits, nothing fails
+        Fault("raise", rank=1, step=3),  # a software bug: RankError, restart from step 2
+    ]
+    rec = run_with_recovery(cluster, train_with_checkpoints, tmp_path, SPEC, faults=faults)
+    assert [a.outcome for a in rec.attempts] == ["RankError", "finished"], rec.describe()
+    assert "injected failure on rank 1 at step 3" in rec.attempts[0].message
+    assert rec.result[0]["resumed_from"] == 2
+    assert _same(rec.result[0], uninterrupted)
+
+
 def test_a_hung_rank_times_out_and_the_job_resumes_elastically_on_fewer_ranks(cluster, tmp_path):
     spec = JobSpec(steps=4, save_every=2, d_model=32, dropout=0.0)
     reference = cluster.run(train_with_checkpoints, str(tmp_path / "ref"), spec)[0]

@@ -1,5 +1,5 @@
-"""In-job recovery (replicas keep stepping, a replacement copies state from a peer) and the
-silent-data-corruption check, on three real replicas."""
+"""In-job recovery (replicas keep stepping while one replica's process is SIGKILLed, and a new
+process copies state from a peer) and the silent-data-corruption check, on three real replicas."""
 
 import pytest
 import torch
@@ -33,6 +33,10 @@ def test_in_job_recovery_loses_no_step_and_ends_near_the_unfailed_loss(cluster3)
     crash = ReplicaSpec(steps=STEPS, heartbeat_s=1.0, crash=(2, 3))
     failed = cluster3.run(train_replicas, crash)
     survivors, replaced = failed[0], failed[2]
+    # a real death: replica 2's process was SIGKILLed and a new process took its place
+    assert [d["signal"] for d in replaced["deaths"]] == ["SIGKILL"]
+    assert survivors["deaths"] == [] and failed[1]["deaths"] == []
+    assert len({o["pid"] for o in failed} | {o["pid"] for o in unfailed}) == 6
     assert sorted(survivors["losses"]) == list(range(STEPS))  # the survivors never stopped
     assert 2 not in survivors["quorums"][3]  # step 3 ran without the dead replica
     assert survivors["quorums"][STEPS - 1] == [0, 1, 2]  # ... which came back

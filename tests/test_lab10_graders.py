@@ -88,6 +88,29 @@ def test_metadata_without_fsync_fails(cluster2):
     assert not result and "fsync" in result.message
 
 
+def test_a_commit_that_never_fsyncs_the_parent_after_the_rename_fails(cluster2):
+    def no_parent_fsync(temp, final, metadata):
+        write_atomic(temp / "metadata.json", metadata)
+        os.rename(temp, final)
+        write_atomic(final / "COMPLETE", json.dumps({"done": True}))
+
+    result = check_exercise("checkpointing.atomic_commit", no_parent_fsync, cluster2, record=False)
+    assert not result and "parent directory was not fsync'd" in result.message
+
+
+def test_a_parent_fsync_only_after_the_marker_fails(cluster2):
+    def late_fsync(temp, final, metadata):
+        write_atomic(temp / "metadata.json", metadata)
+        os.rename(temp, final)
+        write_atomic(final / "COMPLETE", json.dumps({"done": True}))
+        fd = os.open(final.parent, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    result = check_exercise("checkpointing.atomic_commit", late_fsync, cluster2, record=False)
+    assert not result and "parent directory was not fsync'd" in result.message
+
+
 def test_a_commit_that_never_renames_fails(cluster2):
     def copy_instead(temp, final, metadata):
         import shutil

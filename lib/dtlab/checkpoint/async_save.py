@@ -11,7 +11,8 @@ Nebula/CheckFreq, Mohan et al., FAST 2021):
    CRC-32s and its done flag go to disk from the snapshot; rank 0's thread then commits (it waits
    for the other ranks' done flags on the file system, so the thread needs no collective).
 
-Why training never mutates a tensor being written: the thread only reads the snapshot, which
+Why training never mutates a tensor being written: the thread only reads the snapshot (and
+``extra`` — RNG states, data-loader position — pickled during the snapshot), which
 training never references, and a new :meth:`AsyncCheckpointer.save` first waits for the
 previous write (at most one in flight), so a snapshot buffer — reused from save to save, since
 allocating pinned memory is slow — is never refilled while it is being written.
@@ -35,6 +36,7 @@ from dtlab.checkpoint.save_load import (
     write_rank,
 )
 from dtlab.checkpoint.state import ShardedState
+from dtlab.checkpoint.storage import pickled
 from dtlab.trace import span
 
 
@@ -100,12 +102,13 @@ class AsyncCheckpointer:
         self.snapshot_bytes = sum(t.numel() * t.element_size() for _, t in pieces)
         with span("checkpoint_snapshot", kind="memcpy", nbytes=self.snapshot_bytes, step=step):
             copies = snapshot(pieces, self._buffers)
+            frozen_extra = pickled(extra)  # RNG states, data position: as of now, not later
         boxes = boxes_of(state)
 
         def write() -> None:
             try:
                 with span("checkpoint_write", kind="other", nbytes=self.snapshot_bytes, step=step):
-                    write_rank(temp, rank, copies, boxes, extra, before_flag)
+                    write_rank(temp, rank, copies, boxes, frozen_extra, before_flag, True)
                     if rank == 0:
                         self.last_committed = finish_save(temp, step, world, self.commit_timeout_s)
             except BaseException as exc:  # surfaced by wait() on the training thread

@@ -70,12 +70,16 @@ def write_rank(
     boxes: dict,
     extra,
     before_flag: Callable[[], None] | None = None,
+    extra_is_pickled: bool = False,
 ) -> None:
     """Write ``rank_r.bin`` (fsync'd), then ``rank_r.json`` (atomic): this rank is done.
 
     ``before_flag`` runs between the two (fault injection kills a rank there: "during a save").
+    ``extra`` is any picklable object (``extra_is_pickled``: already :func:`~.storage.pickled`,
+    as an async save does during its snapshot).
     """
-    entries = write_pieces(temp / f"rank_{rank}.bin", [*pieces, (EXTRA, pickled(extra))])
+    frozen = extra if extra_is_pickled else pickled(extra)
+    entries = write_pieces(temp / f"rank_{rank}.bin", [*pieces, (EXTRA, frozen)])
     if before_flag is not None:
         before_flag()
     for e in entries:

@@ -9,6 +9,9 @@ rendezvous store plays that role (the ``FileStore`` every Cluster rank already s
   the previous quorum to post theirs — a replica that stays silent is presumed dead (a missed
   heartbeat: the same detection a real lighthouse uses);
 * a replacement asks to come back with ``rejoin/<r>`` (a counter) and blocks on its admission;
+  its launcher announces it with ``starting/<r>`` (a counter) as soon as it sees the old process
+  die, and a quorum waits up to ``join_timeout_s`` for an announced replacement to ask (torchft's
+  lighthouse likewise waits ``join_timeout`` for replicas that heartbeat but have not joined);
 * each live replica proposes ``members`` and ``rejoiners``; ``compare_set`` on
   ``quorum/<step>`` keeps the *first* proposal, so all replicas act on the same decision;
   whoever wrote it admits the rejoiners at that step.
@@ -34,7 +37,13 @@ class Quorum:
 
 
 def decide(
-    store, step: int, me: int, previous: tuple[int, ...], n_replicas: int, heartbeat_s: float
+    store,
+    step: int,
+    me: int,
+    previous: tuple[int, ...],
+    n_replicas: int,
+    heartbeat_s: float,
+    join_timeout_s: float = 0.0,
 ) -> Quorum:
     """A live replica's part in deciding the quorum of ``step`` (see module docstring)."""
     store.set(f"join/{step}/{me}", "1")
@@ -45,10 +54,14 @@ def decide(
             break
         time.sleep(0.001)
     rejoiners = []
+    deadline = time.monotonic() + join_timeout_s
     for r in range(n_replicas):
         if r in previous:
             continue
         count = store.add(f"rejoin/{r}", 0)
+        while count < store.add(f"starting/{r}", 0) and time.monotonic() < deadline:
+            time.sleep(0.001)  # announced by its launcher, still booting: wait for its request
+            count = store.add(f"rejoin/{r}", 0)
         if count and not store.check([f"admit/{r}/{count}"]):
             rejoiners.append((r, count))
     proposal = json.dumps(
@@ -64,6 +77,11 @@ def decide(
 def read_quorum(store, step: int) -> Quorum:
     d = json.loads(store.get(f"quorum/{step}").decode())
     return Quorum(step, tuple(d["members"]), tuple(r for r, _ in d["rejoiners"]))
+
+
+def announce_replacement(store, r: int) -> None:
+    """A launcher: replica ``r``'s replacement is starting (quorums wait for its request)."""
+    store.add(f"starting/{r}", 1)
 
 
 def request_rejoin(store, me: int) -> Quorum:

@@ -2,23 +2,25 @@
 
 Each rank is one *replica* of the whole model (a replica group of size one; in torchft each
 group may itself be FSDP-sharded), kept on the host: the per-quorum groups are gloo groups built
-from the shared store, whatever backend the Cluster itself uses. Every step:
+on the job's own ``TCPStore`` (hosted by Cluster rank 0 on a free loopback port, the part torchft's
+lighthouse plays), whatever backend the Cluster itself uses. Every step:
 
 1. the live replicas agree on the step's quorum (:mod:`dtlab.faults.quorum`);
 2. if the membership changed, they build a fresh gloo process group over exactly the members
-   (``ProcessGroupGloo`` on a ``PrefixStore`` of the shared store — torchft's reconfigurable
+   (``ProcessGroupGloo`` on a ``PrefixStore`` of that store — torchft's reconfigurable
    communicator); otherwise they keep the last one;
 3. a rejoining replica receives the model and optimizer state from the quorum's donor by
    point-to-point send (nobody else waits for it), bytes counted;
 4. each member computes the gradient of its own rows of the global batch, and one all-reduce
    over the quorum averages gradients (and the loss) over the members present.
 
-A crash is *simulated in the process*: at the chosen step the replica drops its model and
-optimizer (a replacement starts from a fresh random model), stays silent for ``down_s`` seconds
-(the replacement booting), then asks to rejoin. The process itself stays up because the
-Cluster treats the death of a rank process as the end of the whole run (RankDied) — exactly
-what in-job recovery avoids; everything the survivors see (a missing heartbeat, a smaller
-quorum, a rejoin request, a state transfer) is real and happens between real processes.
+A crash is a real process death: each replica runs in its own OS process, forked by its Cluster
+rank, which plays the replica's launcher (:mod:`dtlab.faults.replica_process`). At the chosen step
+the replica sends itself ``SIGKILL`` — its model, optimizer state and sockets are gone. The
+survivors notice only what a real job notices: its heartbeat (``join/<step>``) does not come, so
+the next quorum leaves it out and they keep stepping. Its launcher sees the process die, waits
+``down_s`` (the replacement booting) and forks a replacement that starts from a *different*
+random model, asks to rejoin and receives weights and optimizer state from a healthy peer.
 While the replica is down, its rows of each global batch are skipped: those steps average over
 fewer samples, so the final loss differs slightly from an unfailed run; no step is skipped.
 """
@@ -26,21 +28,25 @@ fewer samples, so the final loss differs slightly from an unfailed run; no step 
 from __future__ import annotations
 
 import io
+import os
 import secrets
-import time
+import signal
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from dtlab.faults.quorum import Quorum, decide, request_rejoin
+from dtlab.faults.quorum import Quorum, announce_replacement, decide, request_rejoin
 from dtlab.trace import span
 
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Train the tiny lab GPT for ``steps`` steps on replicas; ``crash=(replica, step)``."""
+    """Train the tiny lab GPT for ``steps`` steps on replicas; ``crash=(replica, step)`` sends
+    that replica's process ``SIGKILL`` at the start of that step. ``heartbeat_s``: how long a
+    quorum waits for a member before presuming it dead; ``down_s``: how long a replacement takes
+    to start; ``join_timeout_s``: how long a quorum waits for an announced replacement."""
 
     steps: int = 20
     batch_size: int = 6
@@ -49,6 +55,7 @@ class ReplicaSpec:
     heartbeat_s: float = 2.0
     start_timeout_s: float = 60.0
     down_s: float = 0.3
+    join_timeout_s: float = 30.0
     crash: tuple[int, int] | None = None
 
 
@@ -88,35 +95,36 @@ def _transfer(pg, quorum: Quorum, me: int, model, opt) -> int:
     return moved
 
 
-def train_replicas(spec: ReplicaSpec) -> dict:
-    """Run on every rank of a Cluster; returns this replica's per-step log and final weights."""
+def _replica(spec: ReplicaSpec, me: int, n: int, port: int, token: str, incarnation: int) -> dict:
+    """One replica process: train until ``spec.steps``; incarnation > 0 is a replacement."""
     from dtlab.models import SyntheticTokens, loss_fn, shard_for_rank
 
-    me, n = dist.get_rank(), dist.get_world_size()
-    token = [secrets.token_hex(4) if me == 0 else None]
-    dist.broadcast_object_list(token, src=0)  # a fresh key space in the shared store
-    store = dist.PrefixStore(f"ft/{token[0]}/", dist.distributed_c10d._get_default_store())
-    model, opt = _fresh(spec, spec.seed)
+    client = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=spec.start_timeout_s)
+    )
+    store = dist.PrefixStore(f"ft/{token}/", client)
+    model, opt = _fresh(spec, spec.seed if incarnation == 0 else 1000 * incarnation + me)
     # batch ``steps`` is never trained on: the final weights' loss on it compares runs
     data = SyntheticTokens(model.config, spec.steps + 1, spec.batch_size, seed=spec.seed)
     losses, quorums, moved = {}, {}, 0
     pg, pg_members = None, None
     previous = tuple(range(n))
-    step = 0
+    step, admitted = 0, None
+    if incarnation > 0:  # a replacement: admitted by some step's quorum, as a rejoiner
+        with span("rejoin request", kind="idle"):
+            admitted = request_rejoin(store, me)
+        step = admitted.step
     while step < spec.steps:
-        if spec.crash == (me, step):
-            model, opt = _fresh(spec, seed=1000 + me)  # the replacement knows nothing
-            with span("down: replacement starting", kind="idle", step=step):
-                time.sleep(spec.down_s)
-            with span("rejoin request", kind="idle"):
-                quorum = request_rejoin(store, me)
-            step, pg_members = quorum.step, None
+        if incarnation == 0 and spec.crash == (me, step):
+            os.kill(os.getpid(), signal.SIGKILL)  # the replica process dies here, for real
+        if admitted is not None:
+            quorum, admitted = admitted, None
         else:
             # The first quorum waits for everyone (the job starts whole); later ones presume a
             # replica dead after one missed heartbeat.
             patience = spec.start_timeout_s if step == 0 else spec.heartbeat_s
             with span("quorum", kind="idle", step=step):
-                quorum = decide(store, step, me, previous, n, patience)
+                quorum = decide(store, step, me, previous, n, patience, spec.join_timeout_s)
             if me not in quorum.members:  # too slow to count: rejoin like a replacement
                 quorum = request_rejoin(store, me)
                 step, pg_members = quorum.step, None
@@ -148,7 +156,6 @@ def train_replicas(spec: ReplicaSpec) -> dict:
         quorums[step] = list(quorum.members)
         previous = quorum.members
         step += 1
-    dist.barrier()
     with torch.no_grad():
         held_out = float(loss_fn(model(data[spec.steps][0]), data[spec.steps][1]))
     return {
@@ -156,5 +163,43 @@ def train_replicas(spec: ReplicaSpec) -> dict:
         "losses": losses,
         "quorums": quorums,
         "state_bytes_received_or_sent": moved,
+        "pid": os.getpid(),
         "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
     }
+
+
+def _warm_up(spec: ReplicaSpec) -> None:
+    """Import and initialise the model and AdamW machinery once in the launcher, so a forked
+    replica starts in milliseconds (the boot time of a replacement is ``down_s``, on purpose)."""
+    from dtlab.models import SyntheticTokens, loss_fn
+
+    model, opt = _fresh(spec, spec.seed)
+    x, y = SyntheticTokens(model.config, 1, 1, seed=spec.seed)[0]
+    loss_fn(model(x), y).backward()
+    opt.step()
+
+
+def train_replicas(spec: ReplicaSpec) -> dict:
+    """Run on every rank of a Cluster (each rank: one replica's launcher); returns this
+    replica's per-step log, final weights, and the deaths of its processes."""
+    from dtlab.faults.replica_process import supervise_replica
+
+    me, n = dist.get_rank(), dist.get_world_size()
+    server, info = None, [None]
+    if me == 0:  # the job's store (torchft's lighthouse plays this part), on a free port
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        info[0] = (server.port, secrets.token_hex(4))
+    dist.broadcast_object_list(info, src=0)
+    port, token = info[0]
+    launcher = dist.PrefixStore(f"ft/{token}/", dist.TCPStore("127.0.0.1", port, is_master=False))
+    _warm_up(spec)
+
+    def incarnation(k: int):
+        return lambda: _replica(spec, me, n, port, token, k)
+
+    out = supervise_replica(
+        incarnation, me, spec.down_s, 2, lambda: announce_replacement(launcher, me)
+    )
+    dist.barrier()  # rank 0 keeps the store up until every replica is done
+    del server
+    return out

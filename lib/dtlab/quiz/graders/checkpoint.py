@@ -16,7 +16,8 @@ be empty or overlap another, so the rank reads exactly what it needs. Calling th
 is already in the temporary directory ``temp``; publish it as ``final``. Graded on every rank,
 each on its own directory, while ``os.fsync``/``os.rename``/``os.replace`` are watched: at the
 moment the directory is renamed, ``metadata.json`` must already hold exactly ``metadata`` and
-have been ``fsync``'d, and ``COMPLETE`` must not exist yet; afterwards ``final`` holds both,
+have been ``fsync``'d, and ``COMPLETE`` must not exist yet; the parent directory must be
+``fsync``'d after the rename and before ``COMPLETE`` appears; afterwards ``final`` holds both,
 ``temp`` is gone, and :func:`dtlab.checkpoint.complete_checkpoints` lists the step. Calling the
 library's ``commit`` is refused (``dtlab.files.write_atomic`` is allowed: reuse it).
 """
@@ -211,9 +212,15 @@ def _commit_on_rank(fn: Callable) -> dict:
     problems: list[str] = []
     real = {"fsync": os.fsync, "rename": os.rename, "replace": os.replace}
 
+    root_inode = root.stat().st_ino
+    parent_synced: list[bool] = []  # after the rename: was COMPLETE still absent?
+
     def fsync(fd):
         with contextlib.suppress(OSError):
-            synced.add(os.fstat(fd).st_ino)
+            inode = os.fstat(fd).st_ino
+            synced.add(inode)
+            if inode == root_inode and "rename" in events:
+                parent_synced.append(not (final / "COMPLETE").exists())
         return real["fsync"](fd)
 
     def moved(kind):
@@ -259,6 +266,12 @@ def _commit_on_rank(fn: Callable) -> dict:
             )
         elif temp.exists() or not (final / "metadata.json").exists():
             problems.append("after your commit the temporary directory should be gone")
+        elif not any(parent_synced):
+            problems.append(
+                "the parent directory was not fsync'd between the rename and COMPLETE: a rename "
+                "is durable only once its directory is, so after a power cut COMPLETE could "
+                "survive while the rename is lost — open final.parent and os.fsync it"
+            )
         elif not (final / "COMPLETE").exists():
             problems.append("write the COMPLETE marker into the final directory, last")
         elif complete_checkpoints(root) != [3]:
