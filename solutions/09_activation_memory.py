@@ -450,6 +450,11 @@ input_bytes, layer_total = B * S * H * 4, sum(per_layer.values())
 formula_peak = [-(-LAYERS // k) * input_bytes + k * layer_total for k in KS]
 for k, m, f in zip(KS, measured_peak, formula_peak, strict=True):
     print(f"k = {k}: measured peak {m:>10,} B   (L/k)·a + k·b = {f:>10,} B")
+k_star = checkpoint_interval_optimum(LAYERS, input_bytes, layer_total)
+print(
+    f"this model: b/a = {layer_total / input_bytes:.1f}, k* = √(L·a/b) = {k_star:.2f} "
+    f"(√L = {LAYERS**0.5:.1f}); measured minimum at k = {KS[measured_peak.index(min(measured_peak))]}"
+)
 fig = go.Figure()
 fig.add_scatter(x=KS, y=[m / 2**20 for m in measured_peak], name="measured peak of a step")
 fig.add_scatter(x=KS, y=[f / 2**20 for f in formula_peak], name="(L/k)·a + k·b", mode="markers")

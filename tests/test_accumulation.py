@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dtlab
+from dtlab.cost.volumes import dp_bytes_per_optimizer_step
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, ZeroOptimizer
 from dtlab.parallel.accumulation import accumulate_gradients, split_batch
@@ -86,9 +87,13 @@ def _data_parallel_accumulation() -> dict:
         accumulate_gradients(fsdp, micro, loss_fn)
     fsdp_step = accumulate_gradients(fsdp, micro, loss_fn, no_sync=False)
     fsdp_grads = fsdp.full_gradients()
+    fsdp_single = FullyShardedDataParallel(GPT(CONFIG, seed=0), collectives="dtlab")
+    loss_fn(fsdp_single(tokens), targets).backward()
     big = _big_batch_grads()
     return {
         "fsdp_sync": fsdp_step.synced_backwards,
+        "fsdp_bytes": (fsdp_step.comm_bytes, fsdp_single.comm_stats.bytes_sent),
+        "ddp_formula": dp_bytes_per_optimizer_step(GPT(CONFIG).num_params(), world, K, True, 4),
         "no_sync": (out[True][0], out[True][1]),
         "sync_every": (out[False][0], out[False][1]),
         "one_reduction": one_reduction,
@@ -108,7 +113,10 @@ def test_data_parallel_accumulation_matches_and_no_sync_moves_one_kth(cluster2):
         # ZeRO-2 cannot skip: one reduce-scatter per segment per micro-batch.
         assert r["zero2_bytes"] > 0
         assert r["zero2_reduce_scatters"] == K * r["zero2_segments"]
+        assert r["no_sync"][0] == r["ddp_formula"]  # 2(N-1)/N·Ψ·4 bytes: one all-reduce
         assert r["fsdp_sync"] == K  # ZeRO-3 reduce-scatters (and re-gathers) every micro-batch
+        fsdp_accumulated, fsdp_one_batch = r["fsdp_bytes"]
+        assert fsdp_accumulated == K * fsdp_one_batch > 0  # gathers + reduce-scatter, K times
 
 
 def _pipeline_micro_batches_on_rank(m: int) -> dict:

@@ -6,17 +6,22 @@ for backward while training, ``dropout`` a bool, ``mask_bytes`` the bytes per el
 dropout mask on this device. Graded on every rank against what the saved-tensor hooks
 (:class:`~dtlab.memory.ActivationMeter`) *measure* on a real block on the rank's device, for
 several shapes with dropout on and off — the measurement is the key, not the library's formula.
-Calling the library's counts (``lab_layer_families``, the TP accounting) or measuring a block
-with ``ActivationMeter`` inside ``fn`` is refused: the skill is the derivation.
+Calling the library's counts (``lab_layer_families``, the TP accounting) or measuring inside
+``fn`` (``ActivationMeter``, saved-tensor hooks, running a lab-GPT block) is refused: the skill is
+the derivation.
 
 ``activations.recompute`` — ``fn(function, *args) -> output``: run ``function(*args)`` keeping
 only the tensor inputs for backward and re-running it in backward. Graded on every rank on a
-chain of two lab-GPT blocks with dropout, one region each, and on a closure over a weight: the gradients (inputs and parameters)
-must equal plain autograd's bit for bit (so the dropout masks must be redrawn from the restored
+chain of two lab-GPT blocks with dropout, one region each, and on a closure over a weight: the
+gradients (inputs and parameters) must equal plain autograd's bit for bit (so the dropout masks must be redrawn from the restored
 RNG state), the global RNG must be left as plain training leaves it (re-run inside
 ``torch.random.fork_rng``), nothing but the inputs may be saved in the forward pass, and the
-function must really run a second time in backward. ``torch.utils.checkpoint`` and dtlab's
-``recompute`` are refused: the exercise is to write it.
+blocks must really run again *during backward*. What the forward pass leaves alive is counted
+twice: by the meter's saved-tensor hooks, and — because a wrapper's own hooks hide its saves from
+the meter's — by weak references to every storage an op created (:class:`~dtlab.quiz.graders.watch.StorageBirths`), so hooks
+that keep or copy the activations are caught. ``torch.utils.checkpoint`` (and its internals, its
+op-level policy), ``save_on_cpu`` and dtlab's ``recompute`` are refused: the exercise is to write
+it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
-from dtlab.quiz.graders.watch import noticing_calls
+from dtlab.quiz.graders.watch import StorageBirths, noticing_calls
 
 LAYER_CASES = (  # (batch, seq, d_model, n_heads, d_ff); seq, d_model and head_dim all differ
     (2, 24, 32, 4, 128),
@@ -35,10 +40,16 @@ LAYER_CASES = (  # (batch, seq, d_model, n_heads, d_ff); seq, d_model and head_d
 
 
 def _count_answers() -> dict[Callable, str]:
+    import torch
+
     from dtlab.memory import activation_families, activations
+    from dtlab.models.gpt import Block
     from dtlab.parallel.tensor import accounting
 
     return {
+        Block.forward: "a lab-GPT block's forward (measuring)",
+        torch.autograd.graph.saved_tensors_hooks.__init__: "torch.autograd.graph."
+        "saved_tensors_hooks (measuring)",
         activation_families.lab_layer_families: "dtlab.memory.activation_families."
         "lab_layer_families",
         activation_families.measured_families: "dtlab.memory.activation_families.measured_families",
@@ -49,17 +60,25 @@ def _count_answers() -> dict[Callable, str]:
 
 
 def _recompute_answers() -> dict[Callable, str]:
+    import torch
     import torch.utils.checkpoint as ckpt
 
-    from dtlab.parallel import recompute
+    from dtlab.parallel import recompute, recompute_policy
 
     answers = {
         ckpt.checkpoint: "torch.utils.checkpoint.checkpoint",
         ckpt.checkpoint_sequential: "torch.utils.checkpoint.checkpoint_sequential",
         recompute.recompute: "dtlab.parallel.recompute.recompute",
+        recompute._Region.__init__: "dtlab.parallel.recompute (its _Region)",
+        recompute_policy.checkpoint_saving_matmuls: "dtlab.parallel.recompute_policy."
+        "checkpoint_saving_matmuls",
+        torch.autograd.graph.save_on_cpu.__init__: "torch.autograd.graph.save_on_cpu "
+        "(offloading, not recomputation)",
     }
-    if hasattr(ckpt, "CheckpointFunction"):
-        answers[ckpt.CheckpointFunction.forward] = "torch.utils.checkpoint.CheckpointFunction"
+    for name in ("CheckpointFunction", "_checkpoint_without_reentrant_generator"):
+        found = getattr(ckpt, name, None)
+        if found is not None:
+            answers[getattr(found, "forward", found)] = f"torch.utils.checkpoint.{name}"
     return answers
 
 
@@ -160,27 +179,38 @@ def _recompute_on_rank(fn: Callable) -> dict:
 
     def run(recomputed: bool) -> dict:
         blocks = GPT(config, seed=0, device=device).blocks.train()
-        calls = []
+        phase = ["forward"]
+        calls = {"forward": 0, "backward": 0}
+
+        def count(*_: Any) -> None:
+            calls[phase[0]] += 1
+
         for block in blocks:
-            block.register_forward_hook(lambda *_: calls.append(1))
+            block.register_forward_hook(count)
         g = torch.Generator().manual_seed(1)
         x = torch.randn(2, 16, 32, generator=g).to(device).requires_grad_()
         positions = torch.arange(16, device=device)
         torch.manual_seed(7)
+        births = StorageBirths()
         with ActivationMeter(blocks) as meter:  # two regions: one block each
             if recomputed:
-                with noticing_calls(_recompute_answers()) as noticed:
+                with noticing_calls(_recompute_answers()) as noticed, births.mode:
                     y = fn(blocks[1], fn(blocks[0], x, positions), positions)
                 used.extend(noticed)
             else:
                 y = blocks[1](blocks[0](x, positions), positions)
+        # What the forward pass left alive besides its output (views of the parameters and
+        # the inputs are outputs of ops too, but not new storage).
+        kept = births.alive_bytes(y, x, positions, *blocks.parameters(), *blocks.buffers())
+        phase[0] = "backward"
         y.square().sum().backward()
         return {
             "grads": [x.grad] + [p.grad for p in blocks.parameters()],
             "next": torch.rand(3),
             "saved": meter.total_bytes,
+            "kept": kept,
             "inputs": 2 * x.numel() * 4 + positions.numel() * 8,  # x, block 0's output
-            "calls": len(calls),
+            "calls": calls,
         }
 
     plain = run(False)
@@ -207,8 +237,17 @@ def _recompute_on_rank(fn: Callable) -> dict:
             f"the forward pass saved {ours['saved']:,} B for backward, more than the inputs "
             f"({ours['inputs']:,} B): run the function under torch.no_grad() in forward"
         )
-    if ours["calls"] < 4:
-        problems.append("a block ran once: backward must re-run it to rebuild its graph")
+    if ours["kept"] > ours["inputs"]:
+        problems.append(
+            f"after the forward pass {ours['kept']:,} B created by it are still alive besides "
+            f"its output, more than the inputs ({ours['inputs']:,} B): keep only the inputs "
+            "(saved-tensor hooks that keep or copy the tensors keep the activations too)"
+        )
+    if ours["calls"]["backward"] < 2:
+        problems.append(
+            f"the blocks re-ran {ours['calls']['backward']} time(s) during backward, not once "
+            "each: backward must re-run the function to rebuild its graph"
+        )
 
     w = torch.randn(8, 8, device=device, requires_grad=True)
     v = torch.randn(4, 8, device=device, requires_grad=True)

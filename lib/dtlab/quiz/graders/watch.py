@@ -17,7 +17,8 @@ which importing ``all_reduce`` under another name does not get around — and
 
 :func:`noticing_calls` is the same idea for formula exercises: it notices a call to a library
 function that computes the answer (``dtlab.cost.collective_time`` for "price a ring all-reduce"),
-whatever name it was imported under.
+whatever name it was imported under. :class:`StorageBirths` counts what a forward pass leaves alive
+even when saved-tensor hooks hide it from a meter.
 
 Not covered: ``torch.distributed._functional_collectives`` and raw ``torch.ops.c10d`` calls,
 which reach C++ without passing through ``ProcessGroup``'s Python methods.
@@ -258,3 +259,43 @@ def noticing_calls(functions: Mapping[Callable, str]) -> Iterator[list[str]]:
         yield noticed
     finally:
         sys.setprofile(previous)
+
+
+class StorageBirths:
+    """Every storage an op creates while on, weakly: which of them are still alive afterwards.
+
+    A ``TorchDispatchMode`` sees each aten op, wherever it runs — in the learner's forward, in
+    saved-tensor hooks that keep or copy tensors — so what the forward pass leaves alive is
+    counted even when the learner's own hooks hide the saves from the meter's.
+    """
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        births = self.refs = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+                from torch.multiprocessing.reductions import StorageWeakRef
+                from torch.utils._pytree import tree_leaves
+
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                        storage = t.untyped_storage()
+                        births.append((StorageWeakRef(storage), storage.nbytes()))
+                return out
+
+        self.mode = Mode()
+
+    def alive_bytes(self, *exclude) -> int:
+        """Bytes of the storages born while on that are still alive, each counted once, leaving
+        out those of the tensors in ``exclude``."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        skip = {StorageWeakRef(t.untyped_storage()).cdata for t in exclude}
+        alive = {
+            ref.cdata: n for ref, n in self.refs if not ref.expired() and ref.cdata not in skip
+        }
+        return sum(alive.values())
