@@ -26,6 +26,7 @@ from dtlab.config import fast_mode, lab_world_size
 from dtlab.memory.formulas import model_state_bytes
 from dtlab.memory.precision_bytes import (
     activation_bytes_per_element,
+    activation_bytes_per_layer_for,
     bytes_per_param_table,
     model_state_recipe,
 )
@@ -44,6 +45,7 @@ from dtlab.precision import (
     relative_error,
 )
 from dtlab.precision.formats import lost_updates
+from dtlab.precision.loss_scaler import ScalerConfig, ScalerState, next_scale_state
 from dtlab.precision.recipes import train_recipe
 from dtlab.quiz import ask, check_exercise
 from dtlab.trace import Trace
@@ -211,7 +213,8 @@ for exponent in (0, 8, 16, 24, 32, 40):
 #
 # The grader runs it on every rank, with an inf on rank 1 only, a NaN on rank 0 only, a step
 # that completes the interval, and huge but finite gradients. It refuses any other collective,
-# more than one all-reduce, and calls to the library's scaler.
+# more than one all-reduce, and calls to a ready-made rule: the library's scaler, or
+# `torch.amp.GradScaler` and the kernels behind it.
 
 
 # %%
@@ -313,6 +316,33 @@ first_steps = Trace([s for s in scaled.trace.spans if s.labels.get("step", 99) <
 dtlab.viz.timeline(first_steps, title="Loss scaling under ZeRO-2, first 8 steps")
 
 # %% [markdown]
+# Two details of that run. First, where the unscaling happens: ZeRO-2 reduce-scatters FP16
+# gradient shards, and the scaler upcasts each shard to FP32 *before* dividing by `S`, as
+# DeepSpeed does. Divided in FP16, the true gradients (`S` times smaller) would flush to zero
+# all over again, so `torch.amp.GradScaler` refuses FP16 gradients outright.
+#
+# Second, **hysteresis** (DeepSpeed's `hysteresis`, also called `delayed_shift`). A single spike
+# halves GradScaler's scale, and the scale then needs a whole growth interval to recover.
+# With hysteresis `h`, the first `h − 1` overflows in a row only skip the step. The `h`-th one
+# halves the scale, and the allowance refills when the scale next grows. Below, the same
+# pattern of clean (`c`) and overflowing (`o`) steps under both rules (`next_scale_state`, the
+# rule the tests check against a line-by-line copy of DeepSpeed's). Look for the isolated
+# overflows: each costs GradScaler a halving and hysteresis 2 nothing. Two overflows in a row
+# halve the scale under both rules.
+
+# %%
+events = "cccocccccocccccoocccc"
+rows = {"event": list(events)}
+for h in (1, 2):
+    config = ScalerConfig(init_scale=2.0**16, growth_interval=4, hysteresis=h)
+    state, rows[f"log2 S, h={h}"] = ScalerState.start(config), []
+    for event in events:
+        state = next_scale_state(state, event == "o", config)
+        rows[f"log2 S, h={h}"].append(f"{torch.tensor(state.scale).log2().item():.0f}")
+for name, cells in rows.items():
+    print(f"{name:>12}: " + " ".join(f"{c:>2}" for c in cells))
+
+# %% [markdown]
 # ## 5. BF16, and why master weights <a id="bf16-master"></a>
 #
 # BF16 has FP32's range, so nothing underflows and no loss scale is needed. It has 7 mantissa
@@ -344,6 +374,22 @@ describe(
 fig
 
 # %% [markdown]
+# At a fine-tuning learning rate the loss is worse than a lag: it stalls. With `lr = 1e-5`,
+# Adam's steps (about `lr` each) are below half the BF16 spacing of most weights. Progress is
+# measured against a run with `lr = 0`, which shows how much the loss moves from the data
+# alone. Look for: pure BF16 dropping most of its updates and making a fraction of FP32's
+# progress, while BF16 with FP32 masters matches FP32.
+
+# %%
+untrained = train_recipe("fp32", STEPS, lr=0.0).final_loss
+for recipe in ("fp32", "bf16_master", "bf16_pure"):
+    run = train_recipe(recipe, STEPS, lr=1e-5)
+    print(
+        f"{recipe:>11}: progress {untrained - run.final_loss:.4f} nats, "
+        f"updates lost {run.lost_update_fraction:.0%}"
+    )
+
+# %% [markdown]
 # ## 6. FP8 and scale granularity <a id="fp8-granularity"></a>
 #
 # FP8 needs a scale per block of values: `scale = amax / 448` for E4M3, so the block's largest
@@ -357,7 +403,9 @@ fig
 # (4-bit E2M1 with an E4M3 scale per 16 values, plus a tensor scale) are simulated beside them.
 # Look for: per-tensor error rising once the outlier passes about `448 / 2^-6 ≈ 3·10^4` times
 # the typical value (E4M3's normal range). The finer granularities stay at E4M3's own rounding,
-# about 2.6%.
+# about 2.6%, and MXFP8 just above it. NVFP4 sits near 10% (its values have one mantissa bit).
+# Its per-tensor scale also ties it to the outlier: at `10^6` the E4M3 block scales
+# (`amax_block · 448 / amax`) fall below E4M3's normal range and NVFP4 breaks too.
 
 # %%
 outliers = [1e1, 1e2, 1e3, 1e4, 3e4, 1e5, 1e6]
@@ -499,6 +547,29 @@ for storage, gran in (("fp32", ""), ("bf16", ""), ("fp8", "tensor"), ("fp8", "ti
     print(f"saved activation in {storage} {gran:>6}: {per:.4f} B/element")
 
 # %% [markdown]
+# Per layer, FP8 changes only what the GEMMs save: their inputs (`14·sbh` bytes of the `34·sbh`
+# in Korthikanti's 16-bit formula) become 1 byte per element plus scales. But an FP8 layer also
+# keeps its FP8 weights for backward, `12h²` bytes per layer. Below, a layer with `h = 4096`,
+# sequences of 4096 tokens and flash attention (no `s²` scores kept), BF16 against per-tile
+# FP8. Look for where FP8 starts to save memory: past about `12h/7 ≈ 1.7·h` tokens per
+# micro-batch. Its GEMM-input part is checked, byte for byte, against what the lab GPT saves.
+
+# %%
+h, heads, seq = 4096, 32, 4096
+for micro_batch in (1, 2, 4, 8):
+    per_layer = {
+        storage: activation_bytes_per_layer_for(
+            storage, seq, micro_batch, h, heads, "tile", recompute="selective"
+        )
+        for storage in ("bf16", "fp8")
+    }
+    print(
+        f"{micro_batch * seq:>6} tokens per micro-batch: bf16 {per_layer['bf16'] / 2**20:,.0f} "
+        f"MiB, fp8 per tile {per_layer['fp8'] / 2**20:,.0f} MiB per layer "
+        f"({per_layer['fp8'] / per_layer['bf16']:.2f}×)"
+    )
+
+# %% [markdown]
 # ## 8. Quiz <a id="quiz"></a>
 #
 # Graded questions from the bank on what this lab showed.
@@ -516,6 +587,12 @@ ask("precision.loss_scaling")
 ask("precision.scaler_trajectory")
 
 # %%
+ask("precision.hysteresis_trajectory")
+
+# %%
+ask("precision.unscale_in_fp32")
+
+# %%
 ask("precision.sharded_overflow_flag")
 
 # %%
@@ -529,6 +606,9 @@ ask("precision.microscaling")
 
 # %%
 ask("precision.fp32_accum_bytes")
+
+# %%
+ask("precision.fp8_activation_memory")
 
 # %%
 cluster.close()

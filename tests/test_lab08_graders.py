@@ -82,7 +82,79 @@ def test_the_library_scaler_is_refused(cluster2):
         return skip, scaler.get_scale(), scaler.state.clean_steps
 
     result = check_exercise("precision.loss_scaler_update", library, cluster2, record=False)
-    assert not result and "library" in result.message
+    assert not result and "DynamicLossScaler" in result.message
+
+
+def test_torch_grad_scaler_is_refused(cluster2):
+    def grad_scaler(grads, scale, clean_steps, growth_interval):
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        opt = torch.optim.SGD(params, lr=0.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=growth_interval)
+        scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+        scaler._growth_tracker.fill_(clean_steps)
+        scaler.unscale_(opt)
+        found = sum(
+            v for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values()
+        )
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        scaler._per_optimizer_states[id(opt)]["found_inf_per_device"] = {"cpu": found}
+        scaler.step(opt)
+        scaler.update()
+        return bool(found), scaler.get_scale(), int(scaler._growth_tracker)
+
+    result = check_exercise("precision.loss_scaler_update", grad_scaler, cluster2, record=False)
+    assert not result and "GradScaler" in result.message
+
+
+def test_torch_amp_kernels_are_refused_by_any_path(cluster2):
+    def kernels(grads, scale, clean_steps, growth_interval, update=torch._amp_update_scale_):
+        found = torch.zeros(1)
+        torch.ops.aten._amp_foreach_non_finite_check_and_unscale_(
+            grads, found, torch.full((1,), 1.0 / scale)
+        )
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        s, tracker = torch.tensor([scale]), torch.tensor([clean_steps], dtype=torch.int32)
+        update(s, tracker, found, 2.0, 0.5, growth_interval)
+        return bool(found), float(s), int(tracker)
+
+    result = check_exercise("precision.loss_scaler_update", kernels, cluster2, record=False)
+    assert not result and "kernel" in result.message
+
+
+def test_the_graders_own_rule_is_refused(cluster2):
+    from dtlab.quiz.graders.precision import expected_scaler_update as rule
+
+    def graders_key(grads, scale, clean_steps, growth_interval):
+        flag = torch.zeros(1)
+        for g in grads:
+            g.div_(scale)
+            flag = torch.maximum(flag, (~torch.isfinite(g)).any().float().reshape(1))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return rule(bool(flag), scale, clean_steps, growth_interval)
+
+    result = check_exercise("precision.loss_scaler_update", graders_key, cluster2, record=False)
+    assert not result and "expected_scaler_update" in result.message
+
+
+def test_other_honest_scaler_updates_pass(cluster2):
+    def honest(grads, scale, clean_steps, growth_interval):
+        inv = 1.0 / scale  # a power of two: multiplying is as exact as dividing
+        found = 0.0
+        for g in grads:
+            g.mul_(inv)
+            found += float(torch.isinf(g).sum() + torch.isnan(g).sum())
+        flag = torch.tensor([found])
+        dist.all_reduce(flag)  # a SUM of counts answers "did any rank overflow?" too
+        if flag.item() > 0:
+            return True, scale * 0.5, 0
+        clean_steps += 1
+        if clean_steps >= growth_interval:
+            return False, scale * 2.0, 0
+        return False, scale, clean_steps
+
+    assert check_exercise("precision.loss_scaler_update", honest, cluster2, record=False)
 
 
 def hand_tiles(x, tile):
@@ -98,6 +170,47 @@ def hand_tiles(x, tile):
 
 def test_a_hand_written_tile_quantiser_passes(cluster2):
     assert check_exercise("precision.quantize_tiles", hand_tiles, cluster2, record=False)
+
+
+def loop_tiles(x, tile):
+    tr, tc = tile
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
+    scales = torch.ones(x.shape[0] // tr, x.shape[1] // tc)
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            block = x[i * tr : (i + 1) * tr, j * tc : (j + 1) * tc]
+            amax = block.abs().max()
+            if amax > 0:
+                scales[i, j] = amax / 448.0
+            q[i * tr : (i + 1) * tr, j * tc : (j + 1) * tc] = (
+                (block / scales[i, j]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            )
+    return q, scales
+
+
+def test_a_tile_by_tile_loop_passes_too(cluster2):
+    assert check_exercise("precision.quantize_tiles", loop_tiles, cluster2, record=False)
+
+
+def test_a_cast_without_clamping_or_without_scaling_fails(cluster2):
+    def no_scale(x, tile):
+        _, scales = hand_tiles(x, tile)
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn), scales
+
+    result = check_exercise("precision.quantize_tiles", no_scale, cluster2, record=False)
+    assert not result and "relative error" in result.message
+
+
+def test_the_library_fp8_layer_is_refused_as_a_quantiser(cluster2):
+    from dtlab.precision import Fp8Linear, Fp8Recipe
+
+    def via_layer(x, tile):
+        layer = Fp8Linear(x.shape[1], 1, bias=False, recipe=Fp8Recipe("tile"))
+        q = layer.quantize("x", x, "e4m3", "tile", tile)
+        return q.data, q.scales
+
+    result = check_exercise("precision.quantize_tiles", via_layer, cluster2, record=False)
+    assert not result and "quantize_fp8" in result.message
 
 
 def test_one_scale_for_the_whole_tensor_is_not_per_tile(cluster2):
@@ -123,3 +236,7 @@ def test_scale_key_follows_grad_scaler_rule():
     assert scale_after_key(2.0**16, "ccc", 3) == 2.0**17
     assert scale_after_key(2.0**16, "cccoo", 3) == 2.0**15
     assert scale_after_key(2.0**16, "ccocc", 3) == 2.0**15
+    # hysteresis 2: the first overflow only skips, the second halves; growth refills it
+    assert scale_after_key(2.0**16, "o", 3, hysteresis=2) == 2.0**16
+    assert scale_after_key(2.0**16, "oo", 3, hysteresis=2) == 2.0**15
+    assert scale_after_key(2.0**16, "ooccco", 3, hysteresis=2) == 2.0**16

@@ -27,11 +27,23 @@ byte per 32 values, NVFP4 half a byte per value plus one E4M3 byte per 16.
 
 :func:`model_state_recipe` returns the :class:`~dtlab.memory.formulas.Recipe` of a precision
 recipe, so :func:`~dtlab.memory.formulas.model_state_bytes` prices it under any ZeRO stage.
+
+Activations per layer: a transformer layer's four GEMMs save their inputs — the QKV input
+(``sbh``), the attention output projection's (``sbh``), the MLP's up (``sbh``) and down
+(``(d_ff/h)·sbh``) inputs: ``14·sbh`` of Korthikanti et al.'s 16-bit ``34·sbh``.
+:func:`gemm_input_bytes_per_layer` prices them in any storage (an FP8 layer also saves its FP8
+weight, 1 B/param, and every scale), and :func:`activation_bytes_per_layer_for` swaps them into
+:func:`~dtlab.memory.formulas.activation_bytes_per_layer`. Separate ``q/k/v`` projections (the
+lab GPT) share one 16-bit input but quantise it three times: ``qkv_copies=3``. FP8 saves
+``7·sbh`` bytes on the inputs but keeps ``12h²`` bytes of FP8 weights per layer, so it shrinks
+activations only past about ``12h/7 ≈ 1.7·h`` tokens per micro-batch (tests measure both).
 """
 
 from __future__ import annotations
 
-from dtlab.memory.formulas import RECIPES, Recipe
+import math
+
+from dtlab.memory.formulas import RECIPES, Recipe, activation_bytes_per_layer
 
 MODEL_STATE: dict[str, Recipe] = {
     "fp32": Recipe(4, 4, 8, "fp32"),
@@ -90,3 +102,63 @@ def bytes_per_param_table() -> list[dict]:
         }
         for name, r in MODEL_STATE.items()
     ]
+
+
+def _scale_count(rows: int, cols: int, granularity: str, block: tuple[int, int]) -> int:
+    """fp32 scales of one (rows × cols) FP8 operand at ``granularity``."""
+    if granularity == "tensor":
+        return 1
+    if granularity == "row":
+        return rows
+    return math.ceil(rows / block[0]) * math.ceil(cols / block[1])
+
+
+def gemm_input_bytes_per_layer(
+    seq_len: int,
+    batch_size: int,
+    d_model: int,
+    d_ff: int,
+    storage: str,
+    granularity: str = "tensor",
+    qkv_copies: int = 1,
+) -> int:
+    """Bytes one layer's GEMMs save for backward: their inputs in ``storage`` (fp32, bf16,
+    fp16, fp8) and, for fp8, each input's scales plus the FP8 weight copies of ``q, k, v, out,
+    up, down`` and their scales (what :class:`~dtlab.precision.Fp8Linear` saves; tiles 1×128 for
+    inputs, 128×128 for weights). ``qkv_copies``: saved copies of the shared QKV input (1 in
+    16/32-bit, where the projections save the same tensor; 3 for separate FP8 q/k/v)."""
+    tokens, h = seq_len * batch_size, d_model
+    # (features, saved copies) of each GEMM input: QKV, attention output, MLP up, MLP down
+    inputs = [(h, qkv_copies if storage == "fp8" else 1), (h, 1), (h, 1), (d_ff, 1)]
+    if storage != "fp8":
+        if storage not in ("fp32", "bf16", "fp16"):
+            raise KeyError(f"GEMM inputs in {storage!r}: choose fp32, bf16, fp16 or fp8")
+        return int(sum(tokens * k * c for k, c in inputs) * _ELEMENT_BYTES[storage])
+    if granularity not in ("tensor", "row", "tile"):
+        raise ValueError(f"granularity {granularity!r}: choose tensor, row or tile")
+    total = sum(c * (tokens * k + 4 * _scale_count(tokens, k, granularity, (1, 128)))
+                for k, c in inputs)  # fmt: skip
+    weights = [(h, h)] * 4 + [(d_ff, h), (h, d_ff)]  # (out, in): q, k, v, out, up, down
+    total += sum(n * k + 4 * _scale_count(n, k, granularity, (128, 128)) for n, k in weights)
+    return total
+
+
+def activation_bytes_per_layer_for(
+    storage: str,
+    seq_len: int,
+    batch_size: int,
+    d_model: int,
+    n_heads: int,
+    granularity: str = "tensor",
+    **kwargs,
+) -> int:
+    """Korthikanti's per-layer activation bytes (16-bit, ``d_ff = 4h``, fused QKV) with the
+    GEMM inputs (``14·sbh``) stored in ``storage`` instead (the rest stays 16-bit)."""
+    base = activation_bytes_per_layer(seq_len, batch_size, d_model, n_heads, **kwargs)
+    if kwargs.get("recompute", "none") == "full" or kwargs.get("tensor_parallel", 1) != 1:
+        raise ValueError("per-recipe GEMM inputs are priced without TP and without full recompute")
+    sixteen_bit = gemm_input_bytes_per_layer(seq_len, batch_size, d_model, 4 * d_model, "bf16")
+    mine = gemm_input_bytes_per_layer(
+        seq_len, batch_size, d_model, 4 * d_model, storage, granularity
+    )
+    return base - sixteen_bit + mine

@@ -25,6 +25,11 @@ rare spikes without halving the scale each time. With ``h = 1`` the trajectory e
 GradScaler's (tests compare them step by step on the same run).
 
 Checking *after* the gradient reduction also catches a sum that overflowed on the wire.
+Gradients that are DTensors (torch FSDP2's ``fully_shard``) are unscaled and checked through
+their local shard, so the verdict still costs exactly one flag all-reduce. Unscaling happens in
+fp32: a ZeRO optimizer's fp16 gradient shards are upcast first (DeepSpeed unscales its fp32
+partition), and plain fp16 gradients are refused, as GradScaler refuses them — divided by ``S``
+in fp16, the small ones would flush to zero again.
 """
 
 from __future__ import annotations
@@ -117,6 +122,26 @@ def gradients_of(target) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None]
 
 
+def _upcast_shards(target) -> list[torch.Tensor]:
+    """:func:`gradients_of` ``target``; a ZeRO optimizer's 16-bit gradient shards are first
+    replaced by fp32 copies (its step upcasts them anyway), as DeepSpeed unscales the fp32
+    gradient partition: the true gradients, ``S`` times smaller, may lie below fp16's range."""
+    tensors = gradients_of(target)
+    shards = getattr(target, "grad_shards", None)
+    if shards is not None:
+        for i, g in enumerate(shards):
+            if g is not None and g.dtype in (torch.float16, torch.bfloat16):
+                shards[i] = g.float()
+        tensors = [g for g in shards if g is not None]
+    return tensors
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``g``: a DTensor's local tensor (it shares storage), else ``g``."""
+    to_local = getattr(g, "to_local", None)
+    return to_local() if callable(to_local) else g
+
+
 def _default_device() -> torch.device:
     """Where a rank without gradients builds its flag (NCCL reduces GPU tensors only)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -162,7 +187,14 @@ class DynamicLossScaler:
         found inf/NaN (one all-reduce of a flag). At most once per step."""
         if self._found_inf is not None:
             return self._found_inf
-        tensors = gradients_of(grads)
+        tensors = [_local(g) for g in _upcast_shards(grads)]
+        if any(g.dtype == torch.float16 for g in tensors):
+            raise ValueError(
+                "these gradients are fp16: unscaling them in fp16 flushes the small ones to zero "
+                "again (torch.amp.GradScaler refuses too). Keep fp32 gradients for the optimizer: "
+                "fp32 master parameters, or ZeroOptimizer(mixed_precision=...), whose fp16 "
+                "gradient shards are unscaled into fp32"
+            )
         device = tensors[0].device if tensors else _default_device()
         inv_scale = torch.full((), 1.0 / self.get_scale(), dtype=torch.float32, device=device)
         local = torch.zeros(1, dtype=torch.float32, device=device)

@@ -8,8 +8,11 @@ flag, and apply the rule: overflow → skip, halve the scale, reset the count; e
 clean step and double the scale (count back to 0) when it reaches ``growth_interval``. Graded on
 every rank of the cluster over cases where only rank 1 (or only rank 0) overflows, a step that
 reaches the growth interval, and huge-but-finite gradients; any other collective, more than one
-all-reduce per call, and calling the library's rule (:func:`~dtlab.precision.next_scale_state`,
-:class:`~dtlab.precision.DynamicLossScaler`) are refused.
+all-reduce per call, and calling someone else's rule are refused: the library's
+(:func:`~dtlab.precision.next_scale_state`, :class:`~dtlab.precision.DynamicLossScaler`), this
+grader's own key, ``torch.amp.GradScaler``, and the ATen kernels GradScaler runs
+(``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``) — the last are seen by
+a ``TorchDispatchMode``, so reaching them through ``torch.ops.aten`` is noticed too.
 
 ``precision.quantize_tiles`` — ``fn(x, tile) -> (q, scales)``: ``x`` (R, C) quantised to
 ``torch.float8_e4m3fn`` with one fp32 scale per ``tile = (tr, tc)`` block (R, C divisible),
@@ -22,7 +25,8 @@ quantiser is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
@@ -45,14 +49,47 @@ SCALER_CASES = (
 TILE_CASES = (((4, 256), (1, 128), None), ((256, 256), (128, 128), 5.0e4), ((2, 256), (1, 128), 0))
 
 
+# ATen kernels that *are* GradScaler's answer (unscale + inf check; the update rule).
+AMP_KERNELS = {
+    "aten._amp_foreach_non_finite_check_and_unscale_": "torch's GradScaler unscale kernel",
+    "aten._amp_update_scale_": "torch's GradScaler update kernel (torch._amp_update_scale_)",
+}
+
+
 def _scaler_answers() -> dict[Callable, str]:
+    import torch
+
     from dtlab.precision import loss_scaler
 
-    return {
+    answers = {
         loss_scaler.next_scale_state: "dtlab.precision.next_scale_state",
         loss_scaler.DynamicLossScaler.unscale_: "DynamicLossScaler.unscale_",
         loss_scaler.DynamicLossScaler.update: "DynamicLossScaler.update",
+        expected_scaler_update: "the grader's own expected_scaler_update",
     }
+    scaler = torch.amp.GradScaler
+    for method in ("unscale_", "_unscale_grads_", "update", "step"):
+        answers[getattr(scaler, method)] = f"torch.amp.GradScaler.{method}"
+    return answers
+
+
+@contextmanager
+def noticing_amp_kernels() -> Iterator[list[str]]:
+    """The names of GradScaler's ATen kernels (:data:`AMP_KERNELS`) run inside the block, by
+    whatever Python path they were reached (``torch._amp_update_scale_``, ``torch.ops.aten``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    noticed: list[str] = []
+
+    class Notice(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = AMP_KERNELS.get(str(func.overloadpacket))
+            if name is not None and name not in noticed:
+                noticed.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with Notice():
+        yield noticed
 
 
 def expected_scaler_update(found_inf: bool, scale: float, clean: int, interval: int):
@@ -78,6 +115,7 @@ def _scaler_on_rank(fn: Callable) -> dict:
         originals = [t.clone() for t in grads]
         with (
             noticing_calls(_scaler_answers()) as noticed,
+            noticing_amp_kernels() as kernels,
             watching({"all_reduce"}, ONE_FLAG, dtlab_collectives=False) as wire,
         ):
             try:
@@ -87,7 +125,7 @@ def _scaler_on_rank(fn: Callable) -> dict:
             except Exception as error:  # noqa: BLE001 - reported to the learner
                 out.append({"case": name, "error": repr(error)})
                 break
-        used += noticed
+        used += noticed + kernels
         reduces = [c for c in wire.collectives if c.kind == "all_reduce"]
         finite = all(torch.isfinite(t).all() for t in originals)
         unscaled = finite and all(
@@ -114,7 +152,7 @@ def grade_loss_scaler_update(fn: Callable, cluster: Any) -> GradeResult:
     for r in results:
         if r["used"]:
             raise NotTheSkill(
-                f"your update calls {r['used'][0]} — the library's answer. Write the rule: "
+                f"your update calls {r['used'][0]} — a ready-made answer. Write the rule: "
                 "unscale, one all-reduce of an overflow flag, then halve or count (and double)"
             )
     for r in results:
@@ -245,12 +283,16 @@ def grade_quantize_tiles(fn: Callable, cluster: Any) -> GradeResult:
 
 
 # -- quiz keys, from the library -----------------------------------------------------------------
-def scale_after_key(init_scale: float, events: str, growth_interval: int) -> float:
+def scale_after_key(
+    init_scale: float, events: str, growth_interval: int, hysteresis: int = 1
+) -> float:
     """The loss scale after ``events`` (a string of ``c`` clean and ``o`` overflow steps) under
-    GradScaler's rule (:func:`~dtlab.precision.next_scale_state`)."""
+    GradScaler's rule, with DeepSpeed's ``hysteresis`` (:func:`~dtlab.precision.next_scale_state`)."""
     from dtlab.precision.loss_scaler import ScalerConfig, ScalerState, next_scale_state
 
-    config = ScalerConfig(init_scale=init_scale, growth_interval=growth_interval)
+    config = ScalerConfig(
+        init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis
+    )
     state = ScalerState.start(config)
     for event in events:
         if event not in "co":
