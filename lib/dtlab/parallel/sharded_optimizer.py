@@ -63,6 +63,8 @@ class MasterShardOptimizer(torch.optim.Optimizer):
             else:
                 master = shard.detach()  # same storage: the optimizer updates it in place
             self.masters.append(nn.Parameter(master))
+        # This rank's averaged gradient chunk per segment. An entry may be replaced by an fp32
+        # tensor of the same shape before step() (the loss scaler unscales into fp32 copies).
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.segments)
         self._host_grads: dict[int, torch.Tensor] = {}
         inner_groups, i = [], 0
