@@ -137,19 +137,24 @@ fig
 
 # %% [markdown]
 # Now the capacity factor from tight to generous. The drops are counted from the routing; the
-# capacity column is `⌈c·T·k/E⌉`. Look for: drops falling to zero as `c` grows past the most
-# loaded expert's share (`c ≥ imbalance`). But every slot of capacity is also buffer space that
-# travels and computes padded in a fixed-shape implementation.
+# capacity column is `⌈c·T·k/E⌉`. A dropped assignment costs the token one of its `k` experts; the
+# last column counts tokens that lost all of them and pass on their residual alone. Look for:
+# drops falling to zero as `c` grows past the most loaded expert's share (`c ≥ imbalance`). But
+# every slot of capacity is also buffer space that travels and computes padded in a fixed-shape
+# implementation.
 
 # %%
 print(f"imbalance (max/mean tokens per expert): {stats.imbalance:.2f}")
-print(f"{'c':>5} {'capacity':>9} {'dropped':>8} {'dropped %':>10}")
+print(f"{'c':>5} {'capacity':>9} {'dropped':>8} {'dropped %':>10} {'tokens with no expert':>22}")
 for c in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0):
     router_layer.moe = MoEConfig(n_experts=E, top_k=K, capacity_factor=c)
     with torch.no_grad():
         router_layer(x)
     s = router_layer.stats
-    print(f"{c:>5} {s.capacity:>9} {s.dropped:>8} {s.dropped / (TOKENS * K):>10.1%}")
+    print(
+        f"{c:>5} {s.capacity:>9} {s.dropped:>8} {s.dropped / (TOKENS * K):>10.1%} "
+        f"{s.dropped_tokens:>22}"
+    )
 
 # %% [markdown]
 # ### Exercise: top-k routing with capacity <a id="exercise-routing"></a>
@@ -410,7 +415,9 @@ check_exercise("moe.dispatch_splits", dispatch_splits, cluster)
 # expert-data-parallel group `edp`, `dp/ep` ranks. So:
 #
 # - dense parameters (attention, embeddings, router, shared expert): all-reduce over `dp`;
-# - expert parameters: all-reduce over `edp`.
+# - expert parameters: all-reduce over `edp`;
+# - DeepSeek-V3's balancing bias is a buffer, not a gradient: its step uses the tokens per expert
+#   summed over `dp` (`ExpertParallel.update_balancing_biases`), so every rank routes alike.
 #
 # Both are then divided by `dp`, not `dp/ep`: an expert's gradient already sums the tokens of
 # every rank of its EP block. Look for the groups of a 16-rank layout, `dp = 8`, `ep = 4`, `tp = 2`.

@@ -53,8 +53,14 @@ def _moe_on_cuda() -> dict:
             cfg = MoEConfig(n_experts=4, top_k=2, backend=backend)
             layer = MoE(GPTConfig.tiny(d_model=64), cfg, device).to(torch.bfloat16)
             h = torch.randn(256, 64, device=device, dtype=torch.bfloat16)
-            results[backend] = layer(h)[0].float()
-        out["grouped_gap"] = (results["grouped"] - results["loop"]).abs().max().item()
+            y = layer(h)[0]
+            y.float().square().mean().backward()
+            results[backend] = (y.float(), layer.experts.fc_in.weight.grad.float())
+        out["grouped_gap"] = (results["grouped"][0] - results["loop"][0]).abs().max().item()
+        grads = results["grouped"][1], results["loop"][1]
+        out["grouped_grad_rel"] = ((grads[0] - grads[1]).norm() / grads[1].norm()).item()
+        auto = MoE(GPTConfig.tiny(d_model=64), MoEConfig(n_experts=4, top_k=2), device)
+        out["auto_backend"] = auto.experts.resolved_backend(h)
     return out
 
 
@@ -66,3 +72,5 @@ def test_moe_and_expert_parallel_run_on_cuda_tensors_over_nccl():
         assert r[f"loss_{via}"] < 1e-5 and r[f"grad_{via}"] < 1e-5, r
     if r["grouped_available"]:
         assert r["grouped_gap"] < 5e-2, r  # bf16: two kernels, same values to rounding
+        assert r["grouped_grad_rel"] < 2e-2, r  # and the same gradients through _grouped_mm
+        assert r["auto_backend"] == "grouped", r

@@ -117,3 +117,70 @@ def test_the_library_splits_are_refused(cluster2):
 
 def test_active_fraction_of_top2_of_8_is_about_a_quarter():
     assert 0.25 < active_fraction_key(8, 2, 64, 256) < 0.26
+
+
+def test_splits_from_an_all_gather_of_the_counts_pass_too(cluster2):
+    def gathered(tokens_per_expert):
+        ep, rank = dist.get_world_size(), dist.get_rank()
+        every = [torch.empty_like(tokens_per_expert) for _ in range(ep)]
+        dist.all_gather(every, tokens_per_expert)
+        per = tokens_per_expert.numel() // ep
+        recv = [int(c[rank * per : (rank + 1) * per].sum()) for c in every]
+        return tokens_per_expert.view(ep, -1).sum(1).tolist(), recv
+
+    assert check_exercise("moe.dispatch_splits", gathered, cluster2, record=False)
+
+
+def test_splits_that_regenerate_the_other_ranks_counts_without_an_exchange_fail(cluster2):
+    def regenerated(tokens_per_expert):
+        # the counts a fixed-seed grader would draw for every rank: no exchange at all
+        ep, rank, experts = dist.get_world_size(), dist.get_rank(), tokens_per_expert.numel()
+        per = experts // ep
+        recv = []
+        for source in range(ep):
+            g = torch.Generator().manual_seed(900 + 31 * source + experts)
+            counts = torch.randint(0, 7, (experts,), generator=g)
+            counts[source % experts] = 0
+            counts[0] += 9
+            recv.append(int(counts[rank * per : (rank + 1) * per].sum()))
+        return tokens_per_expert.view(ep, -1).sum(1).tolist(), recv
+
+    result = check_exercise("moe.dispatch_splits", regenerated, cluster2, record=False)
+    assert not result and "recv_splits" in result.message
+
+
+def test_splits_read_from_the_graders_generator_are_refused(cluster2):
+    def peeking(tokens_per_expert):
+        from dtlab.quiz.graders import moe
+
+        ep = dist.get_world_size()
+        moe._counts_of(0, tokens_per_expert.numel(), 0)
+        return tokens_per_expert.view(ep, -1).sum(1).tolist(), [0] * ep
+
+    result = check_exercise("moe.dispatch_splits", peeking, cluster2, record=False)
+    assert not result and "count generator" in result.message
+
+
+def test_splits_read_off_the_librarys_own_count_exchange_are_refused(cluster2):
+    def library_counts(tokens_per_expert):
+        from dtlab import collectives as C
+
+        ep, rank = dist.get_world_size(), dist.get_rank()
+        send = tokens_per_expert.view(ep, -1).sum(1).tolist()
+        sender = torch.full((sum(send),), rank, dtype=torch.int64)
+        arrived = C.all_to_all(sender, send)  # no recv_splits: the library exchanges the counts
+        return send, torch.bincount(arrived, minlength=ep).tolist()
+
+    result = check_exercise("moe.dispatch_splits", library_counts, cluster2, record=False)
+    assert not result and "without recv_splits" in result.message
+
+
+def test_splits_with_an_even_dtlab_all_to_all_of_the_counts_pass(cluster2):
+    def even_counts(tokens_per_expert):
+        from dtlab import collectives as C
+
+        ep = dist.get_world_size()
+        received = C.all_to_all(tokens_per_expert)  # E counts split evenly: an honest exchange
+        return tokens_per_expert.view(ep, -1).sum(1).tolist(), received.view(ep, -1).sum(1).tolist()
+
+    assert check_exercise("moe.dispatch_splits", even_counts, cluster2, record=False)

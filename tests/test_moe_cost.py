@@ -1,13 +1,17 @@
 """The MoE cost model agrees with the router it models: expected distinct remote nodes of uniform
-top-k routing, the node limit's cap, and the capacity formula's edge cases."""
+top-k routing, with and without a node limit (also where the limit cannot bind), and the capacity
+formula's edge cases."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from dtlab.cost.moe import (
     dispatch_bytes_from_counts,
+    distinct_nodes_pmf,
     expert_capacity,
     experts_of_rank,
     inter_node_dispatch_bytes,
@@ -17,12 +21,12 @@ from dtlab.models.moe_router import route
 TOKENS, HIDDEN, E, K, NODES = 4000, 16, 64, 8, 8
 
 
-def _remote_nodes_per_token(node_limit: int | None) -> float:
+def _remote_nodes_per_token(node_limit: int | None, top_k: int = K) -> float:
     """Average distinct nodes other than the sender's among each token's experts, from real
     routing of random tokens (the sender's node drawn uniformly per token)."""
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(TOKENS, HIDDEN, generator=g), torch.randn(E, HIDDEN, generator=g)
-    routing = route(x, weight, K, n_nodes=NODES, node_limit=node_limit)
+    routing = route(x, weight, top_k, n_nodes=NODES, node_limit=node_limit)
     node = routing.expert_index // (E // NODES)
     touched = torch.zeros(TOKENS, NODES, dtype=torch.bool).scatter_(1, node, True)
     home = torch.randint(0, NODES, (TOKENS,), generator=g)
@@ -37,12 +41,30 @@ def test_inter_node_copies_without_a_limit_match_routing_of_random_tokens():
     assert naive.remote_copies_per_token == K * (NODES - 1) / NODES
 
 
-@pytest.mark.parametrize("limit", [2, 4])
-def test_a_node_limit_caps_the_copies_at_m_times_remote_share(limit):
+@pytest.mark.parametrize("limit", [2, 4, 6])
+def test_a_node_limit_m_gives_the_expected_min_of_distinct_nodes_and_m(limit):
     model = inter_node_dispatch_bytes(1, HIDDEN, K, E, NODES, limit).remote_copies_per_token
-    assert model == limit * (NODES - 1) / NODES
+    free = inter_node_dispatch_bytes(1, HIDDEN, K, E, NODES).remote_copies_per_token
+    assert model <= limit * (NODES - 1) / NODES and model < free
     assert _remote_nodes_per_token(limit) == pytest.approx(model, rel=0.05)
     assert _remote_nodes_per_token(limit) < _remote_nodes_per_token(None)
+
+
+def test_a_node_limit_of_at_least_k_nodes_changes_nothing():
+    # top-2: a token touches at most 2 nodes, so M = 4 cannot bind (nor exceed k·(n-1)/n)
+    free = inter_node_dispatch_bytes(1, HIDDEN, 2, E, NODES).remote_copies_per_token
+    limited = inter_node_dispatch_bytes(1, HIDDEN, 2, E, NODES, 4).remote_copies_per_token
+    assert limited == pytest.approx(free) and limited < 2 * (NODES - 1) / NODES
+    assert _remote_nodes_per_token(4, top_k=2) == pytest.approx(limited, rel=0.05)
+
+
+def test_distinct_nodes_pmf_sums_to_one_and_its_mean_is_the_closed_form():
+    pmf = distinct_nodes_pmf(K, E, NODES)
+    per = E // NODES
+    mean_nodes = NODES * (1 - math.comb(E - per, K) / math.comb(E, K))
+    assert sum(pmf) == pytest.approx(1.0)
+    assert sum(j * p for j, p in enumerate(pmf)) == pytest.approx(mean_nodes)
+    assert distinct_nodes_pmf(1, E, NODES)[1] == pytest.approx(1.0)
 
 
 def test_capacity_rounds_up_and_refuses_a_zero_factor():

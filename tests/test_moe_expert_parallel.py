@@ -4,8 +4,9 @@ Every rank builds the same MoE GPT (fp64, the per-expert loop), keeps its EP blo
 (:func:`parallelize_experts`) and runs its own batch shard; the reference is one process running
 the full model on every shard in turn with loss = mean over shards. The mean loss, every aux
 loss, every dense gradient and every expert gradient (this rank's slice of the reference's) must
-match — with a capacity factor that drops tokens and without one, for EP = 2 and 4, and EP = 2
-inside DP = 4 (expert gradients over ``edp``, dense over ``dp``).
+match, and so must each layer's routing (chosen experts and capacity drops) — with a capacity
+factor that drops tokens and without one, for EP = 2 and 4, and EP = 2 inside DP = 4 (expert
+gradients over ``edp``, dense over ``dp``).
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ def _ep_gpt_step(
     shards = list(zip(tokens.chunk(world), targets.chunk(world), strict=True))
 
     reference = GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory)
-    ref_aux, total = [], 0.0
+    ref_aux, ref_routing, total = [], [], 0.0
     for x, y in shards:
         loss = loss_fn(reference(x), y) + reference.aux_loss
         ref_aux.append(reference.aux_loss.item())
+        ref_routing.append(
+            [(m.routing.expert_index, m.routing.keep) for m in moe_layers(reference)]
+        )
         total = total + loss / world
     total.backward()
 
@@ -70,7 +74,12 @@ def _ep_gpt_step(
             want = want[mesh.ep_rank * per : (mesh.ep_rank + 1) * per]
         worst[name] = (p.grad - want).abs().max().item()
     layer = moe_layers(model)[0]
+    same_decisions = all(
+        torch.equal(m.routing.expert_index, index) and torch.equal(m.routing.keep, keep)
+        for m, (index, keep) in zip(moe_layers(model), ref_routing[mesh.dp_rank], strict=True)
+    )
     return {
+        "same_decisions": same_decisions,
         "loss": abs(mean_loss.item() / world - total.item()),
         "aux": abs(model.aux_loss.item() - ref_aux[mesh.dp_rank]),
         "grads": max(worst.values()),
@@ -82,6 +91,7 @@ def _ep_gpt_step(
 
 def _check(results, ep, dropping):
     for r in results:
+        assert r["same_decisions"], "the EP router chose or dropped differently from one process"
         assert r["loss"] < TOLERANCE and r["aux"] < TOLERANCE, r
         assert r["grads"] < TOLERANCE, r
         assert r["expert_shape"][0] == 4 // ep
@@ -101,8 +111,13 @@ def test_ep2_gpt_step_equals_one_process_with_and_without_dropping(
     _check(results, 2, capacity_factor is not None)
 
 
-def test_ep4_gpt_step_with_sigmoid_router_and_dropping_equals_one_process(cluster4):
-    _check(cluster4.run(_ep_gpt_step, 4, 0.75, "sigmoid"), 4, True)
+@pytest.mark.parametrize(
+    ("capacity_factor", "score"), [(None, "softmax"), (0.75, "softmax"), (0.75, "sigmoid")]
+)
+def test_ep4_gpt_step_equals_one_process_with_and_without_dropping(
+    cluster4, capacity_factor, score
+):
+    _check(cluster4.run(_ep_gpt_step, 4, capacity_factor, score), 4, capacity_factor is not None)
 
 
 def test_ep2_inside_dp4_averages_experts_over_edp_and_dense_over_dp(cluster4):

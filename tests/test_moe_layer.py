@@ -50,6 +50,22 @@ def test_z_loss_is_the_mean_squared_log_sum_exp():
     assert router_z_loss(logits).item() == pytest.approx(want)
 
 
+def test_the_layers_aux_loss_is_the_weighted_sum_of_both_formulas_on_a_hand_made_routing():
+    # router logits [ln 3, 0] for tokens along e0 (softmax [3/4, 1/4]: expert 0) and [-ln 3, 0]
+    # for the token along -e0 (expert 1): f = [3/4, 1/4], P = [5/8, 3/8], Switch = 2·(15/32 +
+    # 3/32) = 9/8; z-loss = (3·ln²4 + ln²(4/3))/4
+    layer = MoE(CONFIG, MoEConfig(n_experts=2, top_k=1, aux_loss_weight=0.1, z_loss_weight=0.01))
+    with torch.no_grad():
+        layer.router.weight.zero_()
+        layer.router.weight[0, 0] = math.log(3.0)
+    e0 = torch.zeros(16)
+    e0[0] = 1.0
+    _, aux = layer(torch.stack([e0, e0, -e0, e0]))
+    assert layer.routing.expert_index.view(-1).tolist() == [0, 0, 1, 0]
+    z = (3 * math.log(4.0) ** 2 + math.log(4 / 3) ** 2) / 4
+    assert aux.item() == pytest.approx(0.1 * 9 / 8 + 0.01 * z, rel=1e-6)
+
+
 def test_capacity_keeps_every_first_choice_before_any_second_choice():
     # 3 tokens, top-2, 2 experts, capacity 2. Expert 0: first choice of tokens 0 and 2 (kept),
     # second of token 1 (dropped, though token 1 comes before token 2). Expert 1: first choice
@@ -57,8 +73,20 @@ def test_capacity_keeps_every_first_choice_before_any_second_choice():
     chosen = torch.tensor([[0, 1], [1, 0], [0, 1]])
     keep = capacity_keep(chosen, 2, capacity=2)
     assert keep.tolist() == [[True, True], [True, False], [True, False]]
+    tight = capacity_keep(chosen, 2, capacity=1)  # token 2 loses both of its experts
+    assert tight.tolist() == [[True, False], [True, False], [False, False]]
     assert expert_capacity(3, 2, 2, 2 / 3) == 2
     assert expert_capacity(24, 2, 4, 1.25) == 15  # ceil(1.25 · 24 · 2 / 4)
+
+
+def test_the_stats_count_dropped_assignments_and_tokens_that_lost_every_expert():
+    torch.manual_seed(0)
+    layer = MoE(CONFIG, MoEConfig(n_experts=4, top_k=2, capacity_factor=0.25))
+    with torch.no_grad():
+        layer(torch.randn(64, 16))
+    keep = layer.routing.keep
+    assert layer.stats.dropped == int((~keep).sum()) > layer.stats.dropped_tokens > 0
+    assert layer.stats.dropped_tokens == sum(not row.any() for row in keep)
 
 
 def test_route_top_k_is_the_k_best_scores_with_their_weights():

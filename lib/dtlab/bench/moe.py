@@ -13,12 +13,12 @@ rotated order (:func:`dtlab.bench.run_interleaved`):
 * ``a2a_torch`` — the very same calls over ``Communicator(collectives="torch")``, which runs
   ``torch.distributed.all_to_all_single`` (gloo's or NCCL's);
 * ``experts_grouped`` / ``experts_loop`` — forward + backward of this rank's experts on the rows
-  it received, with ``torch._grouped_mm`` and with one matmul per expert (where this torch has
-  no grouped GEMM for the dtype/device, only the loop runs).
+  it received (fp32 on CPU, bf16 on CUDA), with ``torch._grouped_mm`` and with one matmul per
+  expert (where this torch has no grouped GEMM for the dtype/device, only the loop runs).
 
 Reported from this one run: ``a2a_dtlab ÷ a2a_torch`` and ``experts_grouped ÷ experts_loop``
-(median over repeats of per-round ratios, min–max, and best ÷ best), and the dispatch bytes per
-rank counted on the dtlab path. Times vary run to run; the ratios are the point.
+(median over repeats of per-round ratios, min–max, and best ÷ best), and the exchange bytes per
+rank counted on the dtlab path beside the formula from the routed counts. Times vary run to run; the ratios are the point.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
+from dtlab.cost.moe import dispatch_bytes_from_counts
 
 WARMUP_ROUNDS = 1
 
@@ -70,8 +71,10 @@ def _measure_on_rank(
     local_order = torch.argsort(local.repeat_interleave(received.reshape(-1)), stable=True)
     local_rows = local_rows[local_order].contiguous()
     local_counts = received.sum(0).tolist()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CUDA's grouped GEMM: bf16
+    local_rows = local_rows.to(dtype)
     torch.manual_seed(0)
-    layer = Experts(experts // ep, dim, 4 * dim, device=device)
+    layer = Experts(experts // ep, dim, 4 * dim, device=device).to(dtype)
 
     def compute(backend: str) -> None:
         layer.backend = backend
@@ -90,7 +93,7 @@ def _measure_on_rank(
         "a2a_torch": labelled("a2a_torch", lambda: exchange(comms["torch"])),
         "experts_loop": labelled("experts_loop", lambda: compute("loop")),
     }
-    if grouped_mm_available(torch.float32, device):
+    if grouped_mm_available(dtype, device):
         variants["experts_grouped"] = labelled("experts_grouped", lambda: compute("grouped"))
     comms["dtlab"].stats.reset()
     seconds = run_interleaved(variants, steps * repeats, WARMUP_ROUNDS)
@@ -98,6 +101,7 @@ def _measure_on_rank(
     return {
         "seconds": seconds,
         "dtlab_bytes_per_exchange": comms["dtlab"].stats.bytes_sent // calls,
+        "tokens_per_expert": counts.tolist(),
     }
 
 
@@ -113,6 +117,7 @@ class MoEBenchResult:
     grouped_vs_loop: Spread | None
     grouped_best_ratio: float | None
     dtlab_bytes_per_exchange: list[int]  # counted, per rank: counts + dispatch + combine
+    formula_bytes_per_exchange: list[int]  # dispatch_bytes_from_counts(...).forward, per rank
 
 
 def run(
@@ -160,6 +165,10 @@ def run(
         if grouped
         else None,
         dtlab_bytes_per_exchange=[int(r["dtlab_bytes_per_exchange"]) for r in out],
+        formula_bytes_per_exchange=[
+            dispatch_bytes_from_counts([r["tokens_per_expert"] for r in out], rank, dim).forward
+            for rank in range(len(out))
+        ],
     )
 
 
@@ -198,7 +207,10 @@ def main(argv: list[str]) -> int:
     print(
         f"  experts, grouped GEMM ÷ per-expert loop: {_ratio(result.grouped_vs_loop, result.grouped_best_ratio)}"
     )
-    print(f"  bytes per exchange per rank (counted): {result.dtlab_bytes_per_exchange}")
+    print(
+        f"  bytes per exchange per rank: counted {result.dtlab_bytes_per_exchange}, formula from "
+        f"the routed counts {result.formula_bytes_per_exchange}"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(asdict(result), out, indent=2)

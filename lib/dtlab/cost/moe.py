@@ -17,8 +17,10 @@ router actually produced (rows of ``h`` values of ``e`` bytes):
 
 Node-limited routing (DeepSeek-V3, DeepSeek-AI 2024, §2.1.2): each token's experts sit on at most
 ``M`` nodes. A token's vector crosses the inter-node network once per *remote node* it needs (it
-is then forwarded over NVLink to the GPUs inside that node), so inter-node bytes per token fall
-from ``E[remote nodes among k random experts] · h · e`` to at most ``M·(n-1)/n · h · e``.
+is then forwarded over NVLink to the GPUs inside that node), so inter-node copies per token fall
+from ``(n-1)/n · E[D]`` to ``(n-1)/n · E[min(D, M)]``, with ``D`` the distinct nodes among the
+``k`` experts of uniform routing (:func:`distinct_nodes_pmf`). For ``M ≥ k`` the limit never
+binds: a top-k expert's node always ranks among the best ``k`` nodes.
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ class InterNodeTraffic:
     bytes_per_rank: float  # dispatch, forward only
 
 
+def distinct_nodes_pmf(top_k: int, n_experts: int, n_nodes: int) -> list[float]:
+    """``P(D = j)`` for ``j = 0..n_nodes``: ``D`` the distinct nodes among ``top_k`` experts drawn
+    uniformly without replacement, ``n_experts / n_nodes`` experts per node (inclusion–exclusion:
+    the k-subsets of ``j`` given nodes' experts that touch all ``j`` of them)."""
+    per_node = n_experts // n_nodes
+    total = math.comb(n_experts, top_k)
+    pmf = []
+    for j in range(n_nodes + 1):
+        onto = sum(
+            (-1) ** i * math.comb(j, i) * math.comb((j - i) * per_node, top_k) for i in range(j + 1)
+        )
+        pmf.append(math.comb(n_nodes, j) * onto / total)
+    return pmf
+
+
 def inter_node_dispatch_bytes(
     tokens_per_rank: int,
     hidden: int,
@@ -113,8 +130,8 @@ def inter_node_dispatch_bytes(
 
     Without deduplication every (token, remote expert) pair is a copy: ``k·(n-1)/n`` per token.
     With it (one copy per remote node, forwarded inside the node over NVLink) the copies are the
-    expected number of distinct remote nodes among ``k`` experts drawn without replacement; a node
-    limit ``M`` caps the nodes at ``M`` (assumed filled: ``M·(n-1)/n`` remote).
+    expected distinct remote nodes, ``(n-1)/n · E[min(D, M)]`` (module docstring; ``M = n``
+    without a limit). The sender's node is one of the ``n`` uniformly, hence ``(n-1)/n``.
     """
     if n_experts % n_nodes:
         raise ValueError(f"n_nodes={n_nodes} must divide n_experts={n_experts}")
@@ -125,12 +142,10 @@ def inter_node_dispatch_bytes(
     remote_share = (n_nodes - 1) / n_nodes
     if not dedup_per_node:
         copies = top_k * remote_share
-    elif node_limit is not None and node_limit < n_nodes:
-        copies = node_limit * remote_share
     else:
-        per_node = n_experts // n_nodes
-        none_on_node = math.comb(n_experts - per_node, top_k) / math.comb(n_experts, top_k)
-        copies = (n_nodes - 1) * (1 - none_on_node)
+        limit = n_nodes if node_limit is None else node_limit
+        pmf = distinct_nodes_pmf(top_k, n_experts, n_nodes)
+        copies = remote_share * sum(min(j, limit) * p for j, p in enumerate(pmf))
     return InterNodeTraffic(copies, copies * tokens_per_rank * hidden * bytes_per_elem)
 
 

@@ -20,9 +20,11 @@ the losses and the counters stay here, so both run the same code.
 Parameters vs active parameters: a token runs ``k`` of ``E`` experts (plus the shared one), so
 an MoE holds ``E`` expert MLPs but computes with ``k`` per token (:meth:`MoE.active_params`).
 
-Counters of the latest forward (``moe.stats``): tokens per expert (before dropping), kept per
-expert, dropped assignments, imbalance ``max/mean`` of tokens per expert, and — under expert
-parallelism — the all-to-all bytes this rank sent, read from the communicator's stats.
+Counters of the latest forward (``moe.stats``, one per step without gradient accumulation):
+tokens per expert (before dropping), kept per expert, dropped assignments and fully dropped
+tokens, imbalance ``max/mean`` of tokens per expert, and — under expert parallelism — the
+forward's all-to-all bytes this rank sent, read from the communicator's stats (backward sends
+the dispatch and combine bytes once more).
 """
 
 from __future__ import annotations
@@ -100,10 +102,11 @@ class MoEStats:
 
     tokens_per_expert: list[int] = field(default_factory=list)  # chosen, before dropping
     kept_per_expert: list[int] = field(default_factory=list)
-    dropped: int = 0
+    dropped: int = 0  # assignments (token, expert) past capacity
     capacity: int | None = None
     all_to_all_bytes: dict[str, int] = field(default_factory=dict)  # EP: counted, by exchange
     received_per_local_expert: list[int] = field(default_factory=list)  # EP: rows computed here
+    dropped_tokens: int = 0  # tokens that lost all k experts (only the residual passes)
 
     @property
     def imbalance(self) -> float:
@@ -175,6 +178,7 @@ class MoE(nn.Module):
             routing.kept_per_expert.tolist(),
             routing.dropped,
             routing.capacity,
+            dropped_tokens=routing.dropped_tokens,
         )
         out = self.dispatcher(flat, routing, self.experts, self.stats)
         if self.shared is not None:

@@ -8,12 +8,15 @@ in two tensors: ``fc_in.weight`` (E, d, h) and ``fc_out.weight`` (E, h, d). The 
   offsets (what production MoE kernels do; no Python loop, no padding);
 * ``"loop"`` — one matmul per expert over its slice: ``E`` small kernels, the textbook version.
 
-Both compute the same values. ``torch._grouped_mm`` is a private op: it exists from torch 2.8,
-takes fp32/bf16/fp16 on CPU and bf16 on CUDA; :func:`grouped_mm_available` says whether it can run
-here, and ``"auto"`` picks it when it can.
+Both compute the same values. ``torch._grouped_mm`` is a private op: it exists from torch 2.8;
+which dtypes and devices it takes varies by version and GPU (fp32/bf16/fp16 on CPU in recent
+versions, bf16 on CUDA from sm90). :func:`grouped_mm_available` probes whether it runs here (forward
+and backward), and ``"auto"`` picks it when it does and the shapes suit it, else the loop.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -23,12 +26,33 @@ BACKENDS = ("auto", "grouped", "loop")
 
 
 def grouped_mm_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
-    """Whether ``torch._grouped_mm`` exists in this torch and takes ``dtype`` on ``device``."""
+    """Whether ``torch._grouped_mm`` exists in this torch and runs ``dtype`` on ``device``, forward
+    and backward: probed once per (dtype, device type) on a tiny aligned problem, so a torch
+    (or GPU) without the kernel falls back to the loop instead of failing mid-training."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    if torch.device(device).type == "cuda":
-        return dtype == torch.bfloat16
-    return dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return _grouped_mm_runs(dtype, torch.device(device).type)
+
+
+@functools.cache
+def _grouped_mm_runs(dtype: torch.dtype, device_type: str) -> bool:
+    try:  # whatever the caller's grad mode (the first call may come under no_grad)
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.ones(32, 16, dtype=dtype, device=device_type, requires_grad=True)
+            w = torch.ones(2, 16, 16, dtype=dtype, device=device_type, requires_grad=True)
+            offs = torch.tensor([16, 32], dtype=torch.int32, device=device_type)
+            torch._grouped_mm(x, w, offs=offs).square().sum().backward()
+    except Exception:  # noqa: BLE001 - any refusal (no kernel, dtype, device) means "no"
+        return False
+    return True
+
+
+def grouped_mm_fits(x: torch.Tensor, hidden: int) -> bool:
+    """Whether the shapes suit ``torch._grouped_mm`` on this device: CUDA's kernel wants every
+    row stride a multiple of 16 bytes (``d`` and ``hidden`` times the element size)."""
+    if x.device.type != "cuda":
+        return True
+    return all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], hidden))
 
 
 class _Weight(nn.Module):
@@ -75,7 +99,10 @@ class Experts(nn.Module):
         """``"grouped"`` or ``"loop"``: what ``forward`` runs for ``x``."""
         if self.backend != "auto":
             return self.backend
-        return "grouped" if grouped_mm_available(x.dtype, x.device) else "loop"
+        hidden = self.fc_in.weight.shape[-1]
+        if grouped_mm_available(x.dtype, x.device) and grouped_mm_fits(x, hidden):
+            return "grouped"
+        return "loop"
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows ``x`` (N, d) grouped by expert, ``counts[e]`` rows each → outputs (N, d)."""

@@ -60,6 +60,11 @@ class Routing:
         """Assignments capacity dropped."""
         return int((~self.keep).sum())
 
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens capacity dropped from every one of their ``k`` experts (residual only)."""
+        return int((~self.keep).all(-1).sum())
+
 
 def scores_of(logits: torch.Tensor, score: str) -> torch.Tensor:
     """``softmax`` or ``sigmoid`` of the router logits (T, E)."""

@@ -21,6 +21,9 @@ batch shards. A dense parameter's gradient on a rank comes from its own shard on
 over ``dp``, divide by ``dp``. An expert's gradient already sums every EP rank's tokens that
 chose it (the combine's backward brought them in): all-reduce over ``edp`` — which adds the other
 EP groups' shards — and divide by ``dp`` too, not by ``dp/ep``.
+
+DeepSeek-V3's balancing bias is a buffer, not a parameter: :func:`update_balancing_biases` sums
+the tokens per expert over ``dp`` before the bias step, so all ranks keep routing alike.
 """
 
 from __future__ import annotations
@@ -82,6 +85,22 @@ def average_gradients(model: nn.Module, dp_comm: Communicator, edp_comm: Communi
     _all_reduce_mean(expert, edp_comm, dp)
 
 
+@torch.no_grad()
+def update_balancing_biases(model: nn.Module, dp_comm: Communicator) -> None:
+    """DeepSeek-V3's bias step on the global batch's load: every bias-balanced MoE layer's tokens
+    per expert summed over ``dp`` (one all-reduce for all layers), so the bias — a buffer that
+    steers every rank's routing — stays the same on every rank, as a replicated router must."""
+    layers = [m for m in moe_layers(model) if m.moe.bias_balancing]
+    if not layers:
+        return
+    device = layers[0].balancing_bias.device
+    loads = torch.tensor([m.stats.tokens_per_expert for m in layers], device=device).float()
+    if dp_comm.world_size > 1:
+        dp_comm.all_reduce(loads, name="dp.moe_load_all_reduce")
+    for layer, load in zip(layers, loads, strict=True):
+        layer.update_balancing_bias(load)
+
+
 class ExpertParallel:
     """The three communicators of EP × DP on a :class:`~dtlab.mesh.Mesh`: ``ep``, ``dp``, ``edp``."""
 
@@ -98,3 +117,7 @@ class ExpertParallel:
     def average_gradients(self, model: nn.Module) -> None:
         """:func:`average_gradients` over this mesh's ``dp`` and ``edp`` groups."""
         average_gradients(model, self.dp, self.edp)
+
+    def update_balancing_biases(self, model: nn.Module) -> None:
+        """:func:`update_balancing_biases` over this mesh's ``dp`` group (after the step)."""
+        update_balancing_biases(model, self.dp)

@@ -13,12 +13,17 @@ global expert, experts in contiguous blocks of ``E/ep`` per rank. ``send_splits[
 rank ``j``'s experts; ``recv_splits[s]``: rows rank ``s`` sends here — which only an exchange of
 the counts can tell. Graded against the counts every rank drew, then used for a real all-to-all
 of the rows (each row labelled with its expert), which must deliver to every rank exactly the
-rows of its own experts. Calling :func:`dtlab.parallel.expert.dispatch_splits` is refused.
+rows of its own experts. The counts are drawn afresh per grading (a seed broadcast from rank 0, so
+a rank cannot regenerate another's counts and must exchange them). Calling
+:func:`dtlab.parallel.expert.dispatch_splits`, the library's dispatcher or the grader's count
+generator is refused, and so is :func:`dtlab.collectives.all_to_all` without ``recv_splits``
+(which exchanges the counts for you); an all-to-all or all-gather of the counts is the skill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
@@ -41,7 +46,33 @@ def _routing_answers() -> dict[Callable, str]:
 def _split_answers() -> dict[Callable, str]:
     from dtlab.parallel.expert import dispatch
 
-    return {dispatch.dispatch_splits: "dtlab.parallel.expert.dispatch_splits"}
+    return {
+        dispatch.dispatch_splits: "dtlab.parallel.expert.dispatch_splits",
+        dispatch.AllToAllDispatch.__call__: "dtlab.parallel.expert.AllToAllDispatch",
+        _counts_of: "the grader's own count generator",
+    }
+
+
+@contextmanager
+def _noticing_library_count_exchange() -> Iterator[list[str]]:
+    """Notice :func:`dtlab.collectives.all_to_all` called with ``send_splits`` but no
+    ``recv_splits``: it then exchanges the counts itself (its control exchange), and the rows it
+    returns reveal the receive splits — the answer, computed by the library."""
+    from dtlab.collectives import alltoall
+
+    noticed: list[str] = []
+    original = alltoall._agreed_recv_splits
+
+    def watched(peers, call, device):
+        if call.more_counts is None and not noticed:
+            noticed.append("dtlab.collectives.all_to_all without recv_splits")
+        return original(peers, call, device)
+
+    alltoall._agreed_recv_splits = watched
+    try:
+        yield noticed
+    finally:
+        alltoall._agreed_recv_splits = original
 
 
 def _routing_problem(got: Any, scores, top_k: int, capacity) -> str | None:
@@ -136,14 +167,33 @@ def grade_top_k_routing(fn: Callable, cluster: Any) -> GradeResult:
     )
 
 
-def _counts_of(rank: int, experts: int):
+def _counts_of(rank: int, experts: int, seed: int):
     import torch
 
-    g = torch.Generator().manual_seed(900 + 31 * rank + experts)
+    g = torch.Generator().manual_seed(seed + 31 * rank + experts)
     counts = torch.randint(0, 7, (experts,), generator=g)
     counts[rank % experts] = 0  # an expert nobody on this rank chose
     counts[0] += 9  # expert 0 is hot everywhere
     return counts
+
+
+def _asymmetric_seed(ep: int) -> int:
+    """A fresh seed (drawn per grading, so no rank can regenerate another's counts) under which
+    rank ``s`` sends rank ``j`` a different number of rows than ``j`` sends ``s`` for some pair,
+    for every expert count: splits that skip the count exchange then always fail."""
+    import random
+
+    import torch
+
+    draw = random.SystemRandom()
+    while True:
+        seed = draw.randrange(2**30)
+        rows = [
+            torch.stack([_counts_of(r, e, seed).view(ep, -1).sum(1) for r in range(ep)])
+            for e in SPLIT_EXPERTS
+        ]
+        if all(not torch.equal(m, m.t()) for m in rows):
+            return seed
 
 
 def _splits_on_rank(fn: Callable) -> dict:
@@ -153,16 +203,21 @@ def _splits_on_rank(fn: Callable) -> dict:
     from dtlab import collectives as C
 
     rank, ep = dist.get_rank(), dist.get_world_size()
+    seed = torch.tensor([_asymmetric_seed(ep) if rank == 0 else 0])
+    dist.broadcast(seed, 0)  # the same counts on every rank's grader, unknown in advance
     problems, used = [], []
     for experts in SPLIT_EXPERTS:
         per = experts // ep
-        mine = _counts_of(rank, experts)
-        every = [_counts_of(r, experts) for r in range(ep)]
+        mine = _counts_of(rank, experts, int(seed))
+        every = [_counts_of(r, experts, int(seed)) for r in range(ep)]
         want_send = mine.view(ep, per).sum(1).tolist()
         want_recv = [int(every[s][rank * per : (rank + 1) * per].sum()) for s in range(ep)]
-        with noticing_calls(_split_answers()) as noticed:
+        with (
+            noticing_calls(_split_answers()) as noticed,
+            _noticing_library_count_exchange() as auto,
+        ):
             got = fn(mine.clone())
-        used += noticed
+        used += noticed + auto
         try:
             send, recv = ([int(n) for n in split] for split in got)
         except (TypeError, ValueError):
