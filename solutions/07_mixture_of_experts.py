@@ -243,7 +243,7 @@ fig.update_layout(title="Imbalance (max/mean tokens per expert), E = 4", xaxis_t
 dtlab.viz.describe(
     fig,
     caption="Without balancing the imbalance stays high; the loss or the bias brings it toward 1.",
-    y="imbalance (max ÷ mean tokens per expert)",
+    y="imbalance (max ÷ mean)",
 )
 for name, curve in curves.items():
     print(f"{name:>17}: imbalance {curve[0]:.2f} → {curve[-1]:.2f}")
