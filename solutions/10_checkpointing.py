@@ -14,7 +14,8 @@
 # 6. save asynchronously, overlapped with training steps;
 # 7. a corrupted shard caught by its checksum;
 # 8. how often to save: goodput vs interval on a simulated failure trace;
-# 9. in-job recovery: replicas keep training while one is replaced, and a bit flip caught.
+# 9. in-job recovery: replicas keep training while one is replaced (killed before a step, or in
+#    the middle of its all-reduce), and a bit flip caught.
 
 # %%
 import dataclasses
@@ -466,8 +467,8 @@ ask("checkpointing.async_interval")
 
 # %%
 steps = 6
-unfailed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0))
-failed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=1.0, crash=(N - 1, 3)))
+unfailed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=2.0))
+failed = cluster.run(train_replicas, ReplicaSpec(steps=steps, heartbeat_s=2.0, crash=(N - 1, 3)))
 print("quorum size per step:", [len(failed[0]["quorums"][s]) for s in range(steps)])
 print(f"steps done by replica 0: {sorted(failed[0]['losses'])}")
 print(f"replica {N - 1}'s processes: {failed[N - 1]['deaths']} then pid {failed[N - 1]['pid']}")
@@ -478,6 +479,33 @@ print(
     f"held-out loss {failed[0]['held_out_loss']:.4f} vs unfailed {unfailed[0]['held_out_loss']:.4f}"
 )
 dtlab.viz.timeline(failed.trace, title="In-job recovery: quorum waits, recovery transfer, steps")
+
+# %% [markdown]
+# ### A death in the middle of the all-reduce
+#
+# Dying between steps is the easy case: nobody was talking to the dead replica. Now replica
+# `N−1` posts its gradient all-reduce at step 3 and is killed while the collective is in flight.
+# Its sockets close and gloo raises on the survivors ("connection closed/reset by peer"; a short
+# collective timeout would bound a hang). Whatever the broken all-reduce left in their buffers is
+# a partial sum, so applying it would silently corrupt the weights. As in torchft, the members
+# vote after every all-reduce (`should_commit`): one failed member aborts the step for everyone,
+# the gradients are dropped with the optimizer untouched, and the **same step is redone** with a
+# new quorum. Look for the aborted attempt, step 3 committed once (by the smaller quorum), the
+# killed `allreduce` on the timeline of rank `N−1`, and the replacement rejoining afterwards.
+
+# %%
+mid = cluster.run(
+    train_replicas, ReplicaSpec(steps=steps, heartbeat_s=2.0, crash=(N - 1, 3, "allreduce"))
+)
+death = mid[N - 1]["deaths"][0]
+print(f"replica {N - 1}: {death['signal']} during {death['phase']!r} of step {death['step']}")
+for a in mid[0]["aborted"]:
+    print(f"replica 0 discarded step {a['step']} (quorum {a['members']}): {a['error'][:70]}")
+print(f"steps committed by replica 0, in order: {mid[0]['committed']}")
+print("quorum per step:", [mid[0]["quorums"][s] for s in range(steps)])
+same = all(torch.equal(v, mid[N - 1]["params"][k]) for k, v in mid[0]["params"].items())
+print(f"replacement equals the survivors: {same}")
+dtlab.viz.timeline(mid.trace, title="A replica killed mid all-reduce: abort, redo the step, rejoin")
 
 # %%
 ask("fault_tolerance.in_job_recovery")

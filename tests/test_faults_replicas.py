@@ -1,5 +1,8 @@
-"""In-job recovery (replicas keep stepping while one replica's process is SIGKILLed, and a new
-process copies state from a peer) and the silent-data-corruption check, on three real replicas."""
+"""In-job recovery (replicas keep stepping while one replica's process is SIGKILLed — at the
+start of a step or with its gradient all-reduce in flight — and a new process copies state from
+a peer) and the silent-data-corruption check, on three real replicas."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ from dtlab.faults import ReplicaSpec, compare_replicas, flip_bit, train_replicas
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 
 STEPS = 6
-SPEC = ReplicaSpec(steps=STEPS, heartbeat_s=1.0)
+SPEC = ReplicaSpec(steps=STEPS, heartbeat_s=3.0)
 
 
 def _replay(spec: ReplicaSpec, quorums: dict, n: int) -> GPT:
@@ -28,14 +31,29 @@ def _replay(spec: ReplicaSpec, quorums: dict, n: int) -> GPT:
     return model
 
 
-def test_in_job_recovery_loses_no_step_and_ends_near_the_unfailed_loss(cluster3):
-    unfailed = cluster3.run(train_replicas, SPEC)
-    crash = ReplicaSpec(steps=STEPS, heartbeat_s=1.0, crash=(2, 3))
+def _replay_distance(spec: ReplicaSpec, survivor: dict) -> float:
+    """Largest weight difference between a survivor and the replay of its recorded quorums."""
+    replay = _replay(spec, survivor["quorums"], 3)
+    return max(
+        float((survivor["params"][k] - v).abs().max()) for k, v in replay.state_dict().items()
+    )
+
+
+@pytest.fixture(scope="module")
+def unfailed(cluster3):
+    return cluster3.run(train_replicas, SPEC)
+
+
+def test_in_job_recovery_loses_no_step_and_ends_near_the_unfailed_loss(cluster3, unfailed):
+    crash = ReplicaSpec(steps=STEPS, heartbeat_s=3.0, crash=(2, 3))
     failed = cluster3.run(train_replicas, crash)
     survivors, replaced = failed[0], failed[2]
     # a real death: replica 2's process was SIGKILLed and a new process took its place
-    assert [d["signal"] for d in replaced["deaths"]] == ["SIGKILL"]
+    assert [(d["signal"], d["phase"], d["step"]) for d in replaced["deaths"]] == [
+        ("SIGKILL", "start", 3)
+    ]
     assert survivors["deaths"] == [] and failed[1]["deaths"] == []
+    assert survivors["aborted"] == []  # nobody was in a collective with it: nothing to redo
     assert len({o["pid"] for o in failed} | {o["pid"] for o in unfailed}) == 6
     assert sorted(survivors["losses"]) == list(range(STEPS))  # the survivors never stopped
     assert 2 not in survivors["quorums"][3]  # step 3 ran without the dead replica
@@ -57,6 +75,52 @@ def test_in_job_recovery_loses_no_step_and_ends_near_the_unfailed_loss(cluster3)
     # without replica 2 averaged over 2/3 of their batch.
     final, reference = survivors["held_out_loss"], unfailed[0]["held_out_loss"]
     assert abs(final - reference) < 0.10 * reference, survivors["quorums"]
+    # the killed process's steps reached the timeline, up to its death at the start of step 3
+    killed = [s for s in failed.trace.spans if s.rank == 2 and s.name.endswith("(killed)")]
+    assert [(s.name, s.labels["step"]) for s in killed] == [("start (killed)", 3)]
+    early = {s.labels["step"] for s in failed.trace.spans if s.rank == 2 and s.name == "allreduce"}
+    assert {0, 1, 2} <= early
+
+
+ALLREDUCE_CRASH = ReplicaSpec(steps=STEPS, heartbeat_s=3.0, crash=(2, 3, "allreduce"))
+
+
+def test_a_replica_killed_during_the_allreduce_aborts_the_step_which_is_redone(cluster3, unfailed):
+    failed = cluster3.run(train_replicas, ALLREDUCE_CRASH)
+    replaced = failed[2]
+    assert [(d["signal"], d["phase"], d["step"]) for d in replaced["deaths"]] == [
+        ("SIGKILL", "allreduce", 3)
+    ]
+    for survivor in failed[:2]:
+        assert survivor["deaths"] == []
+        # the broken collective raised and the attempt was discarded, not committed ...
+        [broken] = survivor["aborted"]
+        assert (broken["step"], broken["attempt"], broken["members"]) == (3, 0, [0, 1, 2])
+        assert broken["error"]  # gloo's own error (connection closed or reset by peer)
+        # ... step 3 was redone without replica 2, and every step committed exactly once
+        assert survivor["committed"] == list(range(STEPS))
+        assert survivor["quorums"][3] == [0, 1] and survivor["quorums"][STEPS - 1] == [0, 1, 2]
+        # what was applied is what the committed quorums describe: nothing of the broken step
+        assert _replay_distance(ALLREDUCE_CRASH, survivor) < 1e-3
+    # the replacement rejoined after the redone step and holds the survivors' weights exactly
+    assert 3 not in replaced["committed"] and replaced["state_bytes_received_or_sent"] > 0
+    for name, value in failed[0]["params"].items():
+        assert torch.equal(value, failed[1]["params"][name]), name
+        assert torch.equal(value, replaced["params"][name]), name
+    final, reference = failed[0]["held_out_loss"], unfailed[0]["held_out_loss"]
+    assert abs(final - reference) < 0.10 * reference
+    killed = [s for s in failed.trace.spans if s.rank == 2 and s.name.endswith("(killed)")]
+    assert [(s.name, s.labels["step"]) for s in killed] == [("allreduce (killed)", 3)]
+
+
+def test_a_survivor_that_applies_the_broken_allreduce_is_caught_by_the_replay(cluster3):
+    """The negative check: skip the commit vote and apply what the failed all-reduce left in
+    the buffer — the survivors then no longer match the training their quorums describe."""
+    spec = dataclasses.replace(ALLREDUCE_CRASH, apply_broken_allreduce=True)
+    failed = cluster3.run(train_replicas, spec)
+    assert failed[0]["aborted"] == [] and failed[0]["quorums"][3] == [0, 1, 2]
+    assert [d["phase"] for d in failed[2]["deaths"]] == ["allreduce"]
+    assert min(_replay_distance(spec, survivor) for survivor in failed[:2]) > 1e-2
 
 
 def _corrupt_and_check(bad_rank: int):

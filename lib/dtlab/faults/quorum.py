@@ -3,7 +3,7 @@
 torchft (Rice et al., PyTorch 2024–25) keeps a job alive through failures by deciding, every
 step, which data-parallel replicas take part — the *quorum* — and reconfiguring the replicas'
 communicator to exactly those. Its lighthouse server makes the decision; here the job's own
-rendezvous store plays that role (the ``FileStore`` every Cluster rank already shares):
+``TCPStore`` (hosted by Cluster rank 0, see :mod:`dtlab.faults.replicas`) plays that role:
 
 * every live replica posts ``join/<step>/<r>`` and waits up to ``heartbeat_s`` for the members of
   the previous quorum to post theirs — a replica that stays silent is presumed dead (a missed
@@ -13,8 +13,12 @@ rendezvous store plays that role (the ``FileStore`` every Cluster rank already s
   die, and a quorum waits up to ``join_timeout_s`` for an announced replacement to ask (torchft's
   lighthouse likewise waits ``join_timeout`` for replicas that heartbeat but have not joined);
 * each live replica proposes ``members`` and ``rejoiners``; ``compare_set`` on
-  ``quorum/<step>`` keeps the *first* proposal, so all replicas act on the same decision;
-  whoever wrote it admits the rejoiners at that step.
+  ``quorum/<step>/<attempt>`` keeps the *first* proposal, so all replicas act on the same
+  decision; whoever wrote it admits the rejoiners at that step;
+* after the step's all-reduce every member votes (:func:`should_commit`, torchft's
+  ``Manager.should_commit``): the step is committed only if *every* member's collective
+  succeeded; one failed (or silent) member aborts it for all — the optimizer is not stepped and
+  the same step is tried again as ``attempt + 1`` with a new quorum.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Quorum:
     step: int
     members: tuple[int, ...]
     rejoiners: tuple[int, ...]  # members that must first copy state from a healthy peer
+    attempt: int = 0  # > 0: the step is being redone after an aborted (uncommitted) attempt
 
     @property
     def donor(self) -> int:
@@ -44,12 +49,14 @@ def decide(
     n_replicas: int,
     heartbeat_s: float,
     join_timeout_s: float = 0.0,
+    attempt: int = 0,
 ) -> Quorum:
     """A live replica's part in deciding the quorum of ``step`` (see module docstring)."""
-    store.set(f"join/{step}/{me}", "1")
+    key = f"{step}/{attempt}"
+    store.set(f"join/{key}/{me}", "1")
     deadline = time.monotonic() + heartbeat_s
     while True:
-        joined = [r for r in previous if store.check([f"join/{step}/{r}"])]
+        joined = [r for r in previous if store.check([f"join/{key}/{r}"])]
         if len(joined) == len(previous) or time.monotonic() > deadline:
             break
         time.sleep(0.001)
@@ -67,16 +74,41 @@ def decide(
     proposal = json.dumps(
         {"members": sorted(set(joined) | {r for r, _ in rejoiners}), "rejoiners": rejoiners}
     )
-    decided = store.compare_set(f"quorum/{step}", "", proposal).decode()
+    decided = store.compare_set(f"quorum/{key}", "", proposal).decode()
     if decided == proposal:
         for r, count in rejoiners:
-            store.set(f"admit/{r}/{count}", str(step))
-    return read_quorum(store, step)
+            store.set(f"admit/{r}/{count}", key)
+    return read_quorum(store, key)
 
 
-def read_quorum(store, step: int) -> Quorum:
-    d = json.loads(store.get(f"quorum/{step}").decode())
-    return Quorum(step, tuple(d["members"]), tuple(r for r, _ in d["rejoiners"]))
+def read_quorum(store, key: str) -> Quorum:
+    """The quorum decided under ``key`` = ``"<step>/<attempt>"``."""
+    d = json.loads(store.get(f"quorum/{key}").decode())
+    step, attempt = (int(k) for k in key.split("/"))
+    return Quorum(step, tuple(d["members"]), tuple(r for r, _ in d["rejoiners"]), attempt)
+
+
+def should_commit(store, quorum: Quorum, me: int, ok: bool, timeout_s: float) -> bool:
+    """Vote on committing this attempt of the step: ``ok`` = my all-reduce succeeded.
+
+    One decision for all members (``compare_set`` keeps the first): ``commit`` only once every
+    member voted ok; ``abort`` as soon as one failed, or when one stays silent for
+    ``timeout_s`` (it died before voting). A member whose collective broke votes abort at once.
+    """
+    key = f"{quorum.step}/{quorum.attempt}"
+    decision = "abort"
+    if ok:
+        store.set(f"vote/{key}/{me}", "1")
+        votes = [f"vote/{key}/{r}" for r in quorum.members]
+        deadline = time.monotonic() + timeout_s
+        while not store.add(f"failed/{key}", 0) and time.monotonic() < deadline:
+            if store.check(votes):
+                decision = "commit"
+                break
+            time.sleep(0.0005)
+    else:
+        store.add(f"failed/{key}", 1)
+    return store.compare_set(f"commit/{key}", "", decision).decode() == "commit"
 
 
 def announce_replacement(store, r: int) -> None:
@@ -87,5 +119,4 @@ def announce_replacement(store, r: int) -> None:
 def request_rejoin(store, me: int) -> Quorum:
     """A replacement: ask to rejoin and block until a quorum admits it; return that quorum."""
     count = store.add(f"rejoin/{me}", 1)
-    step = int(store.get(f"admit/{me}/{count}").decode())
-    return read_quorum(store, step)
+    return read_quorum(store, store.get(f"admit/{me}/{count}").decode())
