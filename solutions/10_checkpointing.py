@@ -485,7 +485,7 @@ dtlab.viz.timeline(failed.trace, title="In-job recovery: quorum waits, recovery 
 #
 # Dying between steps is the easy case: nobody was talking to the dead replica. Now replica
 # `N−1` posts its gradient all-reduce at step 3 and is killed while the collective is in flight.
-# Its sockets close and gloo raises on the survivors ("connection closed/reset by peer"; a short
+# Its sockets close and the backend raises on the survivors ("connection closed/reset by peer"; a short
 # collective timeout would bound a hang). Whatever the broken all-reduce left in their buffers is
 # a partial sum, so applying it would silently corrupt the weights. As in torchft, the members
 # vote after every all-reduce (`should_commit`): one failed member aborts the step for everyone,

@@ -52,10 +52,13 @@ SCRIPT = textwrap.dedent(
                 "hsdp_shard": composed.hsdp_shard}
 
     if __name__ == "__main__":
+        import faulthandler, sys
         two_d = dtlab.launch(train, {"dp": 2, "tp": 2}, "ddp", world_size=4)
         hsdp = dtlab.launch(train, {"dp": 4}, "hsdp", world_size=4)
         if dtlab.rank() == 0:
             print("RESULT", json.dumps({"two_d": list(two_d), "hsdp": list(hsdp)}))
+        # Still alive 60 s after the work: print every thread's stack (teardown hang evidence).
+        faulthandler.dump_traceback_later(60, exit=False, file=sys.stderr)
     """
 )
 
@@ -94,6 +97,14 @@ def test_composed_training_under_two_torchrun_agents_as_two_nodes(tmp_path):
     ]
     try:
         outputs = [agent.communicate(timeout=240) for agent in agents]
+    except subprocess.TimeoutExpired:
+        for agent in agents:
+            agent.kill()
+        tails = [(agent.communicate()[1] or "")[-4000:] for agent in agents]
+        raise AssertionError(
+            "a torchrun agent did not exit in 240 s; its stderr (worker stacks are dumped 60 s "
+            "after the work ends):\n" + "\n---\n".join(tails)
+        ) from None
     finally:
         for agent in agents:
             agent.kill()
