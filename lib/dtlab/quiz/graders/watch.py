@@ -270,16 +270,15 @@ class StorageBirths:
     """
 
     def __init__(self) -> None:
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
         from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
 
         births = self.refs = []
 
-        class Mode(TorchDispatchMode):
+        class Mode(TorchDispatchMode):  # runs on every aten op: nothing imported in here
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                import torch
-                from torch.multiprocessing.reductions import StorageWeakRef
-                from torch.utils._pytree import tree_leaves
-
                 out = func(*args, **(kwargs or {}))
                 for t in tree_leaves(out):
                     if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
