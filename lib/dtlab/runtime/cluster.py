@@ -11,8 +11,8 @@ What happens where:
 * ``Cluster(...)`` forks N processes from a forkserver that has torch preloaded. Each joins one
   ``torch.distributed`` process group through a ``FileStore`` in a private temporary directory
   (mode 0700, no TCP port to race for) and keeps it for the Cluster's lifetime.
-* ``run(fn, ...)`` cloudpickles ``fn`` (so lambdas and closures from a notebook cell work), sends it
-  to every rank over a Unix pipe, and waits for all of them. Results come back in rank order.
+* ``run(fn, ...)`` pickles ``fn`` (so lambdas and closures from a notebook cell work; its code
+  keeps its file and lines, :mod:`dtlab.runtime.payload`), sends it to every rank over a Unix pipe, and waits for all of them. Results come back in rank order.
 * If a rank raises, the caller gets :class:`RankError` with that rank's traceback, once the other
   ranks have finished or are provably stuck. A rank is stuck when it waits in a collective or
   send/recv that a peer, already returned, never posted (:mod:`dtlab.runtime.watch`); then, or
@@ -37,9 +37,8 @@ import tempfile
 import time
 import weakref
 
-import cloudpickle
-
 from dtlab.progress import driver_display
+from dtlab.runtime import payload as wire
 from dtlab.runtime.devices import choose_placement
 from dtlab.runtime.errors import RankError
 from dtlab.runtime.pool import RankPool, remove_workdir
@@ -185,7 +184,7 @@ class Cluster:
         if self.closed:
             raise RuntimeError("this Cluster is closed; create a new one")
         try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
+            payload = wire.dumps((fn, args, kwargs))
         except Exception as exc:
             raise TypeError(
                 f"could not send {getattr(fn, '__name__', fn)!r} and its arguments to the ranks: "
@@ -217,7 +216,7 @@ class Cluster:
             raise
         finally:
             bar.close()
-        values = [cloudpickle.loads(reply[2]) for reply in replies]
+        values = [wire.loads(reply[2]) for reply in replies]
         result_trace = Trace.from_rank_spans([reply[3] for reply in replies])
         self.last_trace = result_trace
         return RunResult(values, result_trace, time.perf_counter() - started)

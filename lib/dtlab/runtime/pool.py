@@ -21,7 +21,13 @@ from dtlab.runtime.hang import dump_is_complete
 from dtlab.runtime.worker import WorkerSpec, worker_main
 
 # Imported once in the forkserver, so each rank starts with torch already loaded.
-_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "dtlab.runtime.worker"]
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "cloudpickle",
+    "dtlab.runtime.payload",
+    "dtlab.runtime.worker",
+]
 
 
 @contextmanager

@@ -30,12 +30,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
 from dtlab import progress, trace
 from dtlab.runtime import context, inflight
+from dtlab.runtime import payload as wire
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _init_process_group(spec: WorkerSpec) -> None:
 
 def _run_one(spec: WorkerSpec, call_id: int, payload: bytes, conn) -> tuple:
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
+        fn, args, kwargs = wire.loads(payload)
     except Exception:
         error = ("RuntimeError", "could not unpickle the function on this rank")
         return ("error", call_id, (*error, traceback.format_exc(), "unpickle"), [], {})
@@ -147,7 +147,7 @@ def _run_one(spec: WorkerSpec, call_id: int, payload: bytes, conn) -> tuple:
     if outcome is not None:
         return ("error", call_id, outcome, spans, counts)
     try:
-        data = cloudpickle.dumps(_to_cpu(result))
+        data = wire.dumps(_to_cpu(result))
     except Exception as exc:
         outcome = (type(exc).__name__, str(exc), traceback.format_exc(), "unpicklable")
         return ("error", call_id, outcome, spans, counts)
