@@ -111,3 +111,28 @@ def test_unwaited_nccl_work_is_finished_before_the_reply(gpu_cluster):
     assert torch.all(out == 2.0)
     assert gpu_cluster.run(lambda: dtlab.rank()) == [0]
     assert gpu_cluster.pids == pids  # nothing was left unfinished: no restart
+
+
+def test_a_rank_stuck_inside_fsdp_on_cuda_is_reported_at_the_learners_line():
+    """On NCCL a collective returns before it finishes, so a stuck rank is found by the timeout
+    and its stack dump: the report must still name the learner's ``model(x)`` line."""
+    import inspect
+    import threading
+
+    from dtlab.parallel import FullyShardedDataParallel
+
+    def forward_that_never_returns():
+        waits = torch.nn.Identity()
+        waits.forward = threading.Event().wait  # standard library only: no frame of the learner's
+        embed = torch.nn.Embedding(4000, 1).to(dtlab.device())
+        model = FullyShardedDataParallel(torch.nn.Sequential(waits, embed))
+        model(torch.tensor([3600]))  # the wait's timeout, in seconds
+
+    lines, first = inspect.getsourcelines(forward_that_never_returns)
+    line = first + next(i for i, text in enumerate(lines) if "model(torch.tensor" in text)
+    cluster = dtlab.Cluster(1, device="cuda", timeout=10)
+    with cluster, pytest.raises(dtlab.ClusterTimeout) as info:
+        cluster.run(forward_that_never_returns)
+    text = info.value.pending[0]
+    assert "inside dtlab.parallel.FullyShardedDataParallel.forward" in text
+    assert f"forward_that_never_returns ({__file__}:{line})" in text, text

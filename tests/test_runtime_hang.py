@@ -105,6 +105,60 @@ def test_hang_inside_dtlab_ddp_backward_names_the_user_line_not_the_library():
     assert text.endswith(f"called from only_rank_0_steps ({__file__}:{line})")
 
 
+@pytest.mark.parametrize("wrapper", ["BucketedDDP", "OverlappedDDP"])
+def test_hang_in_an_overlapping_ddp_backward_names_the_learners_backward_line(wrapper):
+    from dtlab import parallel
+
+    def only_rank_0_steps(name):
+        model = getattr(parallel, name)(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+        if dtlab.rank() == 0:
+            model(torch.ones(2, 4)).sum().backward()
+
+    with Cluster(2, device="cpu", timeout=60) as cluster, pytest.raises(ClusterTimeout) as info:
+        cluster.run(only_rank_0_steps, wrapper)
+    text = info.value.pending[0]
+    assert "inside dtlab.parallel." in text
+    line = _line_of(only_rank_0_steps, ".backward()")
+    assert text.endswith(f"called from only_rank_0_steps ({__file__}:{line})")
+
+
+def test_hang_in_an_fsdp_forward_names_the_learners_model_call():
+    from dtlab.parallel import FullyShardedDataParallel
+
+    def only_rank_0_runs_forward():
+        model = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        if dtlab.rank() == 0:
+            model(torch.ones(2, 4))
+
+    with Cluster(2, device="cpu", timeout=60) as cluster, pytest.raises(ClusterTimeout) as info:
+        cluster.run(only_rank_0_runs_forward)
+    text = info.value.pending[0]
+    assert "inside dtlab.parallel.FullyShardedDataParallel" in text
+    line = _line_of(only_rank_0_runs_forward, "model(torch.ones")
+    assert text.endswith(f"called from only_rank_0_runs_forward ({__file__}:{line})")
+
+
+def test_a_rank_stuck_past_the_timeout_inside_fsdp_is_reported_at_the_learners_line():
+    """The timeout path (a stack dump, no tracked call): what a rank stuck in native code or in
+    an untracked wait shows, as on a GPU where collectives return before they finish."""
+    import threading
+
+    from dtlab.parallel import FullyShardedDataParallel
+
+    def forward_that_never_returns():
+        waits = torch.nn.Identity()
+        waits.forward = threading.Event().wait  # standard library only: no frame of the learner's
+        model = FullyShardedDataParallel(torch.nn.Sequential(waits, torch.nn.Embedding(4000, 1)))
+        model(torch.tensor([3600]))  # the wait's timeout, in seconds
+
+    with Cluster(1, device="cpu", timeout=4) as cluster, pytest.raises(ClusterTimeout) as info:
+        cluster.run(forward_that_never_returns)
+    text = info.value.pending[0]
+    line = _line_of(forward_that_never_returns, "model(torch.tensor")
+    assert "inside dtlab.parallel.FullyShardedDataParallel.forward" in text
+    assert f"forward_that_never_returns ({__file__}:{line})" in text, text
+
+
 DDP_DUMP = """Current thread 0x00007f0000000002 (most recent call first):
   File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
   File "/venv/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper

@@ -200,6 +200,7 @@ class Cluster:
         sys_path = None if self._sent_sys_path == sys.path else list(sys.path)
         started = time.perf_counter()
         bar = driver_display()  # draws rank 0's dtlab.progress messages, if it sends any
+        self._pool.mark_stderr()
         try:
             for conn in self._pool.conns:
                 conn.send(("run", self._call_id, payload, sys_path))

@@ -61,9 +61,15 @@ class UnfinishedWork(ClusterError):
 
 
 class RankDied(ClusterError):
-    """A rank process exited while the caller was waiting on it (killed, OOM, os._exit)."""
+    """A rank process exited while the caller was waiting on it (killed, OOM, os._exit).
 
-    def __init__(self, message: str, rank: int, exitcode: int | None):
+    The message names the signal and ends with what the rank last wrote to standard error
+    (gloo's abort reason, a C++ ``terminate``, Python's fatal-error stack), also kept in
+    ``last_words`` (``""`` when it wrote nothing, as a SIGKILLed rank cannot).
+    """
+
+    def __init__(self, message: str, rank: int, exitcode: int | None, last_words: str = ""):
         self.rank = rank
         self.exitcode = exitcode
+        self.last_words = last_words
         super().__init__(message)

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection, wait
 
 from dtlab.runtime.devices import loopback_interface
 from dtlab.runtime.hang import dump_is_complete
+from dtlab.runtime.last_words import last_words, stderr_path, stderr_size
 from dtlab.runtime.worker import WorkerSpec, worker_main
 
 # Imported once in the forkserver, so each rank starts with torch already loaded.
@@ -96,6 +97,8 @@ class RankPool:
         self.stack_paths = [
             os.path.join(workdir, f"stack.g{generation}.rank{r}") for r in range(world_size)
         ]
+        self.stderr_paths = [stderr_path(workdir, generation, r) for r in range(world_size)]
+        self._stderr_marks = [0] * world_size
         self.procs: list[mp.Process] = []
         self.conns: list[Connection] = []
         self.diag: list[Connection] = []
@@ -115,6 +118,7 @@ class RankPool:
                     self.stack_paths[rank],
                     collective_timeout_s,
                     rank_env,
+                    self.stderr_paths[rank],
                 )
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 diag_end, child_diag = ctx.Pipe(duplex=True)
@@ -135,6 +139,14 @@ class RankPool:
         except BaseException:
             self.kill()
             raise
+
+    def mark_stderr(self) -> None:
+        """Remember how much each rank has written to stderr: a run about to start."""
+        self._stderr_marks = [stderr_size(path) for path in self.stderr_paths]
+
+    def stderr_since_mark(self, rank: int) -> str:
+        """What ``rank`` wrote to stderr since :meth:`mark_stderr` (its last lines)."""
+        return last_words(self.stderr_paths[rank], since=self._stderr_marks[rank])
 
     def _wait_ready(self, timeout_s: float) -> None:
         self.pids = [0] * self.world_size

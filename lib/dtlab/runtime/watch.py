@@ -23,6 +23,7 @@ import math
 import signal
 import time
 from multiprocessing.connection import wait
+from textwrap import indent
 
 from dtlab.runtime.errors import (
     ClusterTimeout,
@@ -273,10 +274,17 @@ class RunWatch:
         hint = ""
         if exitcode == -signal.SIGKILL:
             hint = " (SIGKILL: killed from outside, often by the out-of-memory killer)"
+        words = pool.stderr_since_mark(rank)
+        if words:
+            said = "\nIts last words on stderr:\n" + indent(words, "  | ")
+        else:
+            said = "\nIt wrote nothing to stderr during the run."
         raise RankDied(
             f"rank {rank} (pid {pool.pids[rank]}) {_signal_name(exitcode)}{hint} during the run."
             + (f" Ranks {others} had not finished." if others else "")
-            + f" {_RESTARTED}",
+            + f" {_RESTARTED}"
+            + said,
             rank,
             exitcode,
+            words,
         )

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab import progress, trace
-from dtlab.runtime import context, inflight
+from dtlab.runtime import context, inflight, last_words
 from dtlab.runtime import payload as wire
 
 
@@ -50,6 +50,7 @@ class WorkerSpec:
     stack_dump_path: str
     collective_timeout_s: float
     env: dict
+    stderr_path: str | None = None  # where fd 2 goes (dtlab.runtime.last_words); None: unchanged
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -173,6 +174,8 @@ def _leave_process_group() -> None:
 def worker_main(spec: WorkerSpec, conn, diag) -> None:
     """Entry point of a rank process (runs until told to stop or the parent goes away)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook handles interrupts for everyone
+    if spec.stderr_path is not None:
+        last_words.capture_stderr(spec.stderr_path)  # first: a death from here on leaves a reason
     stack_file = open(spec.stack_dump_path, "a")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
