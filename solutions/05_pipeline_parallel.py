@@ -47,6 +47,7 @@ from dtlab.parallel.pipeline import (
     PipelineExecutor,
     Schedule,
     bytes_sent_per_rank,
+    executed_bubble,
     gpipe,
     interleaved_1f1b,
     measured_bubble,
@@ -247,7 +248,9 @@ print(
 # simulator's); `measured_costs(name)` reads the median F, B, I and W and the lower quartile of
 # the messages off the run, so the simulator can replay the same order with the same costs; and
 # `compare(name)` prints the measured bubble (median over the steps) next to that replay and the
-# formula, and what rank 0 held.
+# formula, and what rank 0 held. One more line, "executed order, equal costs", replays the order
+# the ranks really ran (read back from the trace by `executed_bubble`, messages included) with
+# `F = I = W = 1`: the bubble of the order itself, whatever the clock said.
 
 
 # %%
@@ -284,10 +287,12 @@ def compare(name: str, formula: float | None = None) -> None:
     )
     replay = simulate(with_communication(schedule), measured_costs(name))
     ideal = simulate(schedule)
+    ran = executed_bubble(executed(name), list(range(P)), M)
     print(f"{schedule.name}, p={P}, m={M} — bubble as idle / total:")
     if formula is not None:
         print(f"  formula                         {formula:6.1%}")
     print(f"  simulated, equal costs          {ideal.bubble_fraction_of_total:6.1%}")
+    print(f"  executed order, equal costs     {ran.bubble_fraction_of_total:6.1%}")
     print(f"  simulated, the run's costs      {replay.bubble_fraction_of_total:6.1%}")
     print(f"  measured on {P} ranks             {measured:6.1%}")
     held = run[0][name]["peak_bytes"]
@@ -555,6 +560,12 @@ compare("zb_h1")
 # Micro-batches enter the second half while the first is still filling, and the split backward
 # fills the rest. Look for: the smallest bubble of the five, at the price of up to `2p`
 # micro-batches in flight on rank 0's first stage.
+#
+# In `compare` below, look also at "executed order, equal costs": above the simulated bubble,
+# for DualPipeV alone. The simulation lets a send go without waiting; the executor's sends are
+# blocking (a send returns once its receive is posted), and with activations and gradients
+# crossing in both directions at once, DualPipeV's ranks wait for each other in the steady
+# state — `simulate(with_communication(schedule))`, which plays blocking messages, predicts it.
 
 # %%
 show(SCHEDULES["dualpipe_v"](P, M))

@@ -13,7 +13,10 @@
   receives written out in an order blocking p2p cannot deadlock.
 * :mod:`~dtlab.parallel.pipeline.execute` — :func:`pipeline_gpt` / :class:`PipelineExecutor`:
   the same schedule on real ranks over the mesh's pp group.
-* :mod:`~dtlab.parallel.pipeline.torch_orders` — :func:`torch_schedule`: PyTorch's own orders.
+* :mod:`~dtlab.parallel.pipeline.executed_bubble` — :func:`executed_bubble`: the order the ranks
+  ran, read back from a trace of any of these schedules and replayed on a logical clock.
+* :mod:`~dtlab.parallel.pipeline.torch_orders` — :func:`torch_schedule`: the orders PyTorch's
+  schedules execute.
 """
 
 from dtlab.parallel.pipeline.actions import (
@@ -30,6 +33,7 @@ from dtlab.parallel.pipeline.execute import (
     pipeline_gpt,
     sum_tied_gradients,
 )
+from dtlab.parallel.pipeline.executed_bubble import executed_bubble
 from dtlab.parallel.pipeline.replay import Costs
 from dtlab.parallel.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b
 from dtlab.parallel.pipeline.simulate import Simulation, measured_bubble, simulate
@@ -58,6 +62,7 @@ __all__ = [
     "bytes_sent_per_rank",
     "dualpipe_v",
     "embedding_group",
+    "executed_bubble",
     "gpipe",
     "interleaved_1f1b",
     "loop_stage_ranks",

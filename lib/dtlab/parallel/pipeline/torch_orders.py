@@ -1,19 +1,40 @@
-"""The orders ``torch.distributed.pipelining`` generates, read without starting any process.
+"""The orders ``torch.distributed.pipelining`` runs, read without starting any process.
 
-PyTorch builds a schedule's per-rank action lists (its "schedule IR") inside the schedule's
-constructor, which needs real pipeline stages on real ranks. The list-making methods themselves
-only read a few numbers (ranks, micro-batches, stages per rank), so here they are called on a
-stand-in object holding just those. This reaches into PyTorch's private methods: it is for
-comparing orders side by side (lab 05, tests) and fails with a clear message if a torch release
-renames them. On real ranks, ``schedule.pipeline_order`` of a constructed torch schedule gives
-the same lists.
+Two families of torch schedule, and where each keeps the order it executes:
+
+* **single-stage** (``ScheduleGPipe``, ``Schedule1F1B``: one ``PipelineStage`` per rank) run
+  their own hand-written loop in ``_step_microbatches``. Their ``pipeline_order`` attribute is a
+  separate "schedule IR" built for drawing and checking, never read while running — and in torch
+  2.13 it is wrong for 1F1B: ``Schedule1F1B._get_pipeline_order`` numbers the **last rank's**
+  forwards ``1..m`` instead of ``0..m-1`` (``2F1 2B0 2F2 2B1 ... 2F5 2B4`` for p=3, m=5; it runs
+  ``2F0 2B0 2F1 2B1 ... 2F4 2B4``). So :func:`torch_schedule` writes those two loops out below
+  (:func:`_gpipe_loop`, :func:`_one_f_one_b_loop`) and returns what the ranks execute.
+* **multi-stage** (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
+  ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) *execute* their IR: the constructor builds
+  ``pipeline_order`` with ``_calculate_single_rank_operations`` per rank, lowers it to
+  ``pipeline_order_with_comms`` (the same compute actions with sends, receives and bookkeeping
+  added) and ``_step_microbatches`` walks that list. Building one needs real stages on real
+  ranks, but the list-making method only reads a few numbers (ranks, micro-batches, stages per
+  rank), so it is called here on a stand-in holding just those. This reaches into a private
+  method: it fails with a clear message if a torch release renames it.
+
+``tests/test_pp_torch_orders.py`` runs torch's schedules on real gloo ranks and checks, for each,
+that the forwards and backwards happen in exactly the order returned here.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dtlab.parallel.pipeline.actions import Schedule, loop_stage_ranks, v_stage_ranks
+from dtlab.parallel.pipeline.actions import (
+    Action,
+    B,
+    F,
+    Schedule,
+    build,
+    loop_stage_ranks,
+    v_stage_ranks,
+)
 
 TORCH_SCHEDULES = (
     "GPipe",
@@ -25,16 +46,52 @@ TORCH_SCHEDULES = (
 )
 
 
+def _gpipe_loop(rank: int, n_micro: int) -> list[Action]:
+    """``ScheduleGPipe._step_microbatches``: every forward, then every backward, in order."""
+    return [F(rank, mb) for mb in range(n_micro)] + [B(rank, mb) for mb in range(n_micro)]
+
+
+def _one_f_one_b_loop(rank: int, n_ranks: int, n_micro: int) -> list[Action]:
+    """``Schedule1F1B._step_microbatches`` on pipeline rank ``rank`` (= its stage):
+    ``min(m, p - rank)`` warm-up forwards, then "1B1F" pairs — backward of the oldest
+    micro-batch, forward of the next — until every forward ran, then the remaining backwards.
+    (Megatron counts ``p-1-rank`` warm-up forwards and pairs "1F1B"; the order is the same.)"""
+    warmup = min(n_micro, n_ranks - rank)
+    actions = [F(rank, mb) for mb in range(warmup)]
+    for mb in range(n_micro):
+        actions.append(B(rank, mb))
+        if warmup + mb < n_micro:
+            actions.append(F(rank, warmup + mb))
+    return actions
+
+
 def torch_schedule(name: str, n_ranks: int, n_micro: int, n_virtual: int = 2) -> Schedule:
-    """PyTorch's compute order for schedule ``name`` (one of :data:`TORCH_SCHEDULES`) on
-    ``n_ranks`` ranks and ``n_micro`` micro-batches (``n_virtual`` stages per rank for the
-    interleaved ones; the V schedules always have 2), as a dtlab :class:`Schedule`."""
+    """The compute order torch's ``Schedule{name}`` (``name`` one of :data:`TORCH_SCHEDULES`)
+    **executes** on ``n_ranks`` ranks and ``n_micro`` micro-batches (``n_virtual`` stages per rank
+    for the interleaved ones; the V schedules always have 2), as a dtlab :class:`Schedule`.
+
+    For GPipe and 1F1B this is their ``_step_microbatches`` loop, not their ``pipeline_order``
+    IR, which for 1F1B is off by one on the last rank (see the module docstring); for the
+    multi-stage schedules it is their ``pipeline_order`` without torch's empty slots and
+    bookkeeping actions (overlapped F&B pairs split, forward first, as torch runs them)."""
     from torch.distributed.pipelining import schedules as torch_schedules
 
     if name not in TORCH_SCHEDULES:
         raise ValueError(f"unknown torch schedule {name!r}; choose one of {TORCH_SCHEDULES}")
-    cls = getattr(torch_schedules, f"Schedule{name}")
     p, m = n_ranks, n_micro
+    if name == "GPipe":
+        return build("torch GPipe", m, loop_stage_ranks(p), [_gpipe_loop(r, m) for r in range(p)])
+    if name == "1F1B":
+        if m < p:
+            raise ValueError(
+                f"torch's Schedule1F1B refuses m={m} micro-batches on p={p} stages (it needs "
+                f"m >= p); choose n_micro >= {p}"
+            )
+        per_rank = [_one_f_one_b_loop(r, p, m) for r in range(p)]
+        return build("torch 1F1B", m, loop_stage_ranks(p), per_rank)
+    cls = getattr(torch_schedules, f"Schedule{name}", None)
+    if cls is None:
+        raise RuntimeError(f"this torch has no Schedule{name}; compare with another schedule")
     rounds = max(1, m // p)
     me = SimpleNamespace(
         _num_stages=p,
@@ -46,16 +103,12 @@ def torch_schedule(name: str, n_ranks: int, n_micro: int, n_virtual: int = 2) ->
         num_stages=2 * p,
     )
     try:
-        if name in ("GPipe", "1F1B"):
-            order = cls._get_pipeline_order(me)
-            stage_ranks = loop_stage_ranks(p)
-        else:
-            order = {r: cls._calculate_single_rank_operations(me, r) for r in range(p)}
-            v = name in ("ZBVZeroBubble", "DualPipeV")
-            stage_ranks = v_stage_ranks(p) if v else loop_stage_ranks(p, n_virtual)
+        order = {r: cls._calculate_single_rank_operations(me, r) for r in range(p)}
     except AttributeError as error:
         raise RuntimeError(
             f"this torch's Schedule{name} no longer builds its order the way dtlab reads it "
             f"({error}); read schedule.pipeline_order from a constructed schedule instead"
         ) from error
+    v = name in ("ZBVZeroBubble", "DualPipeV")
+    stage_ranks = v_stage_ranks(p) if v else loop_stage_ranks(p, n_virtual)
     return Schedule.from_torch_strings(order, f"torch {name}", m, stage_ranks)
