@@ -36,7 +36,6 @@ from dtlab.cost.volumes import moe_all_to_all_bytes_per_layer
 from dtlab.mesh import Layout
 from dtlab.models import GPT, MLP, GPTConfig, SyntheticTokens, loss_fn
 from dtlab.models.moe import MoE, MoEConfig, moe_layers, moe_mlp_factory
-from dtlab.models.moe_experts import grouped_mm_available
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -80,15 +79,17 @@ print(
 # %% [markdown]
 # The experts' compute, two ways. After routing, the token rows are sorted by expert. The
 # textbook way loops over experts, one matmul each. A **grouped GEMM** (`torch._grouped_mm`, where
-# this torch has it) runs all groups in one call from their offsets. Look for: the same values,
-# and the best of several timings of each, taken here and interleaved (so they vary from run to
-# run on a shared machine). The gap matters with many small experts, where the loop pays one
-# kernel launch per expert on a GPU.
+# this torch has it) runs all groups in one call from their offsets. The default backend,
+# `"auto"`, picks the grouped GEMM on each call where it can run, else the loop, and records what
+# ran in `experts.last_backend`. Look for: the same values, the path `auto` took, and the best of
+# several timings of each, taken here and interleaved (so they vary from run to run on a shared
+# machine). The gap matters with many small experts, where the loop pays one kernel launch per
+# expert on a GPU.
 
 # %%
 x_rows = torch.randn(TOKENS * K, CONFIG.d_model)
 counts = torch.bincount(torch.randint(0, E, (TOKENS * K,)), minlength=E).tolist()
-backends = ("grouped", "loop") if grouped_mm_available(torch.float32) else ("loop",)
+backends = ("grouped", "loop") if moe.experts.resolved_backend(x_rows) == "grouped" else ("loop",)
 timings = {b: [] for b in backends}
 outputs = {}
 with torch.no_grad():
@@ -105,11 +106,29 @@ for backend, seconds in timings.items():
     )
 if len(outputs) == 2:
     print(f"largest gap grouped vs loop: {(outputs['grouped'] - outputs['loop']).abs().max():.1e}")
+with torch.no_grad():
+    moe.experts(x_rows, counts)
+why = moe.experts.fallback_reason
+print(f"auto ran: {moe.experts.last_backend}" + (f", because {why}" if why else ""))
+
+# %% [markdown]
+# The grouped kernel has a rule of its own: every matrix row must start a multiple of 16 bytes
+# after the previous one, so `d` and the hidden width must be multiples of 4 in fp32 (8 in
+# bf16). A width of 30 makes 120-byte rows. Look for: `auto` running the loop there, and saying
+# why.
+
+# %%
+odd = MoE(GPTConfig.tiny(d_model=30, n_heads=3), MoEConfig(n_experts=E, top_k=K))
+with torch.no_grad():
+    odd(torch.randn(16, 30))
+print(f"d = 30: auto ran {odd.experts.last_backend}, because {odd.experts.fallback_reason}")
 
 # %% [markdown]
 # ## 3. Routing, and the capacity factor <a id="capacity"></a>
 #
-# The router scores every expert for every token (softmax of `x · W_rᵀ`) and picks the top `k`.
+# The router scores every expert for every token (softmax of `x · W_rᵀ`) and picks the top `k`
+# (exactly equal scores go to the lower expert index, so every rank and every run route a tie
+# alike).
 # A freshly initialised router is nearly random, so the load is uneven by chance alone. To fix
 # buffer sizes, each expert accepts at most `C = ⌈c·T·k/E⌉` assignments (`c` the **capacity
 # factor**). The rest are **dropped**: that token gets nothing from that expert, only its
@@ -167,6 +186,8 @@ for c in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0):
 #
 # The grader runs your function on every rank with its own scores, including a hot expert that
 # overflows, and compares with the library's routing. Calling the library's routing is refused.
+# On exactly equal scores the library ranks the lower expert index first (a stable sort);
+# `topk` promises no order for ties, but the grader's scores have none, so `topk` will do.
 
 
 # %%
@@ -325,6 +346,8 @@ def ep_step(capacity_factor: float | None, hot: float = 0.0) -> dict:
         "kept": [m.stats.kept_per_expert for m in layers],
         "bytes": [m.stats.all_to_all_bytes for m in layers],
         "dropped": sum(m.stats.dropped for m in layers),
+        "capacity": layers[0].stats.capacity,
+        "received": layers[0].stats.received_per_local_expert,
         "imbalance": max(m.stats.imbalance for m in layers),
         "sent": sent,
         "synced": synced,
@@ -361,14 +384,27 @@ for rank, r in enumerate(ep):
 # %% [markdown]
 # The same step with a hot expert and a capacity factor of 1. The expert is planted through the
 # router's choice bias (section 4's loss-free balancing knob, turned the wrong way): expert 0, on
-# rank 0, is in every token's top-k. Drops appear, and rank 0 computes more rows than the others. On the timeline, look for
-# the `moe_experts` compute spans (their `tokens` label says how many rows each rank computed),
-# and the `moe_dispatch` / `moe_combine` exchanges, where the other ranks wait for the busiest.
+# rank 0, is in every token's top-k. Drops appear, and rank 0 computes more rows than the
+# others.
+#
+# Under expert parallelism **capacity is per rank**. Each rank routes its own `T` tokens, so
+# its router computes `C = ⌈c·T·k/E⌉` from them and lets each expert keep `C` of *its own*
+# assignments before anything moves. An expert therefore receives up to `N·C` rows, `C` from
+# each rank (one process routing all `N·T` tokens at once would cap it at `⌈c·N·T·k/E⌉`, and can
+# drop other assignments). Look for: each rank's `C`, and expert 0 computing `N·C` rows.
+#
+# On the timeline, look for the `moe_experts` compute spans (their `tokens` label says how many
+# rows each rank computed), and the `moe_dispatch` / `moe_combine` exchanges, where the other
+# ranks wait for the busiest.
 
 # %%
 hot = cluster.run(ep_step, 1.0, 1.0)
 for rank, r in enumerate(hot):
-    print(f"rank {rank}: imbalance {r['imbalance']:.2f}, dropped {r['dropped']} assignments")
+    print(
+        f"rank {rank}: imbalance {r['imbalance']:.2f}, dropped {r['dropped']} assignments; "
+        f"layer 0: C = {r['capacity']} per expert from this rank, its experts computed "
+        f"{r['received']} rows"
+    )
 moe_spans = [s for s in hot.trace.filter(step=0).spans if s.name == "moe_experts"]
 for span in sorted(moe_spans, key=lambda s: (s.rank, s.start_ns)):
     print(f"rank {span.rank}: moe_experts computed {span.labels['tokens']} rows")

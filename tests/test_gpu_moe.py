@@ -74,3 +74,57 @@ def test_moe_and_expert_parallel_run_on_cuda_tensors_over_nccl():
         assert r["grouped_gap"] < 5e-2, r  # bf16: two kernels, same values to rounding
         assert r["grouped_grad_rel"] < 2e-2, r  # and the same gradients through _grouped_mm
         assert r["auto_backend"] == "grouped", r
+
+
+def _unaligned_widths_on_cuda() -> dict:
+    from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
+    from dtlab.models.moe import MoEConfig, moe_layers, moe_mlp_factory
+    from dtlab.models.moe_experts import Experts, grouped_mm_available
+
+    device = dtlab.device()
+    out = {}
+    config = GPTConfig.tiny(d_model=30, n_heads=3)  # the repro: 120-byte fp32 rows
+    x, y = (t.to(device) for t in SyntheticTokens(config, 1, 4)[0])
+    for dtype in (torch.float32, torch.bfloat16):
+        runs = {}
+        for backend in ("auto", "loop"):
+            factory = moe_mlp_factory(MoEConfig(backend=backend))
+            model = GPT(config, seed=0, device=device, mlp_factory=factory).to(dtype)
+            loss = loss_fn(model(x).float(), y) + model.aux_loss
+            loss.backward()
+            runs[backend] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+            layers = moe_layers(model)
+            out[f"{dtype}_{backend}_ran"] = [m.experts.last_backend for m in layers]
+            out[f"{dtype}_{backend}_why"] = [m.experts.fallback_reason for m in layers]
+        (auto_loss, auto_grads), (loop_loss, loop_grads) = runs["auto"], runs["loop"]
+        out[f"{dtype}_loss_gap"] = (auto_loss - loop_loss).abs().item()
+        out[f"{dtype}_grad_rel"] = max(  # the same kernels; atomics may reorder some sums
+            (g.float() - loop_grads[n].float()).norm().item()
+            / max(loop_grads[n].float().norm().item(), 1e-12)
+            for n, g in auto_grads.items()
+        )
+        out[f"{dtype}_kernel"] = grouped_mm_available(dtype, device)
+    experts = Experts(2, 64, 128, device=device).to(torch.bfloat16)  # aligned widths in bf16
+    storage = torch.randn(6 * 64 + 1, device=device, dtype=torch.bfloat16)
+    shifted = storage[1:].view(6, 64)  # starts 2 bytes past a 16-byte boundary
+    with torch.no_grad():
+        got = experts(shifted, [3, 3])
+        out["shifted_ran"], out["shifted_why"] = experts.last_backend, experts.fallback_reason
+        experts.backend = "loop"
+        out["shifted_equal"] = torch.equal(got, experts(shifted, [3, 3]))  # no atomics here
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_auto_on_unaligned_rows_falls_back_to_the_loop_on_cuda_and_says_so():
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(_unaligned_widths_on_cuda)[0]
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        assert r[f"{dtype}_auto_ran"] == ["loop", "loop"], r
+        reason = "d_model=30" if r[f"{dtype}_kernel"] else "no torch._grouped_mm"
+        assert all(reason in why for why in r[f"{dtype}_auto_why"]), r
+        assert r[f"{dtype}_loop_why"] == [None, None], r
+        assert r[f"{dtype}_loss_gap"] <= tolerance and r[f"{dtype}_grad_rel"] <= tolerance, r
+    reason = "bytes past" if r[f"{torch.bfloat16}_kernel"] else "no torch._grouped_mm"
+    assert r["shifted_ran"] == "loop" and reason in r["shifted_why"], r
+    assert r["shifted_equal"], r

@@ -1,6 +1,7 @@
 """The EP MoE layer alone: equal to one process (outputs, aux loss, input and weight gradients),
-its all-to-all bytes counted per rank equal to the formula from the actual token counts, and a
-planted hot expert showing as imbalance, drops and the busiest rank on the timeline."""
+its all-to-all bytes counted per rank equal to the formula from the actual token counts, capacity
+counted per rank (an expert receives up to ``ep·C`` rows), and a planted hot expert showing as
+imbalance, drops and the busiest rank on the timeline."""
 
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ def _layer_on_rank(ep: int, capacity_factor, hot: float, dtype=torch.float64, ba
         "kept": layer.stats.kept_per_expert,
         "dropped": layer.stats.dropped,
         "capacity": layer.stats.capacity,
+        "received": layer.stats.received_per_local_expert,
         "imbalance": layer.stats.imbalance,
         "bytes": layer.stats.all_to_all_bytes,
         "sent_forward_backward": sent_forward_backward,
@@ -133,6 +135,14 @@ def test_capacity_is_ceil_c_t_k_over_e_and_each_expert_keeps_at_most_that(cluste
         assert r["capacity"] == math.ceil(1.25 * T * 2 / 4)
         assert r["kept"] == [min(n, r["capacity"]) for n in r["tokens_per_expert"]]
         assert r["dropped"] == sum(r["tokens_per_expert"]) - sum(r["kept"])
+
+
+def test_in_expert_parallel_capacity_is_per_rank_so_an_expert_receives_ep_times_c(cluster2):
+    results = cluster2.run(_layer_on_rank, 2, 1.0, 6.0)  # every token's choice includes expert 0
+    capacity = math.ceil(1.0 * T * 2 / 4)  # from one rank's T tokens, not the 2·T of the batch
+    for r in results:
+        assert r["capacity"] == capacity and r["kept"][0] == capacity < r["tokens_per_expert"][0]
+    assert results[0]["received"][0] == 2 * capacity  # expert 0 (on rank 0): C from each rank
 
 
 def test_a_planted_hot_expert_shows_imbalance_drops_and_the_busiest_rank_on_the_timeline(

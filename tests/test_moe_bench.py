@@ -17,9 +17,19 @@ def test_moe_bench_reports_both_ratios_and_the_counted_exchange_bytes(cluster2):
     assert set(result.step_s) >= {"a2a_dtlab", "a2a_torch", "experts_loop"}
     if grouped_mm_available(torch.float32):
         assert result.grouped_vs_loop is not None and result.grouped_best_ratio > 0
+        assert result.grouped_refusal is None
     # counts + dispatch + combine, counted from the messages == the formula from the routed counts
     assert result.dtlab_bytes_per_exchange == result.formula_bytes_per_exchange
     assert all(b > 2 * 8 for b in result.dtlab_bytes_per_exchange)  # rows moved, not just counts
+
+
+def test_moe_bench_on_unaligned_rows_times_the_loop_only_and_says_why(cluster2):
+    result = moe.run(cluster2, tokens=64, dim=30, experts=4, steps=1, repeats=1)
+    assert "experts_grouped" not in result.step_s and result.grouped_vs_loop is None
+    assert "experts_loop" in result.step_s
+    want = "d_model=30" if grouped_mm_available(torch.float32) else "no torch._grouped_mm"
+    assert want in result.grouped_refusal
+    assert moe._ratio(None, None, result.grouped_refusal).endswith(f"{result.grouped_refusal})")
 
 
 def test_moe_bench_refuses_experts_that_do_not_split_over_the_ranks():

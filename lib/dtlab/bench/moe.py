@@ -14,7 +14,9 @@ rotated order (:func:`dtlab.bench.run_interleaved`):
   ``torch.distributed.all_to_all_single`` (gloo's or NCCL's);
 * ``experts_grouped`` / ``experts_loop`` — forward + backward of this rank's experts on the rows
   it received (fp32 on CPU, bf16 on CUDA), with ``torch._grouped_mm`` and with one matmul per
-  expert (where this torch has no grouped GEMM for the dtype/device, only the loop runs).
+  expert (where ``torch._grouped_mm`` cannot run these rows — no kernel for the dtype/device,
+  or rows not 16 bytes apart, as at ``--dim 30`` in fp32 — only the loop runs, and the report
+  says why).
 
 Reported from this one run: ``a2a_dtlab ÷ a2a_torch`` and ``experts_grouped ÷ experts_loop``
 (median over repeats of per-round ratios, min–max, and best ÷ best), and the exchange bytes per
@@ -44,7 +46,7 @@ def _measure_on_rank(
     from dtlab import trace
     from dtlab.bench import run_interleaved
     from dtlab.comm import Communicator, all_to_all_rows
-    from dtlab.models.moe_experts import Experts, grouped_mm_available
+    from dtlab.models.moe_experts import Experts, grouped_mm_refusal
     from dtlab.models.moe_router import route
     from dtlab.parallel.expert import dispatch_splits
 
@@ -93,7 +95,8 @@ def _measure_on_rank(
         "a2a_torch": labelled("a2a_torch", lambda: exchange(comms["torch"])),
         "experts_loop": labelled("experts_loop", lambda: compute("loop")),
     }
-    if grouped_mm_available(dtype, device):
+    refusal = grouped_mm_refusal(local_rows, layer.fc_in.weight, layer.fc_out.weight)
+    if refusal is None:
         variants["experts_grouped"] = labelled("experts_grouped", lambda: compute("grouped"))
     comms["dtlab"].stats.reset()
     seconds = run_interleaved(variants, steps * repeats, WARMUP_ROUNDS)
@@ -102,6 +105,7 @@ def _measure_on_rank(
         "seconds": seconds,
         "dtlab_bytes_per_exchange": comms["dtlab"].stats.bytes_sent // calls,
         "tokens_per_expert": counts.tolist(),
+        "grouped_refusal": refusal,
     }
 
 
@@ -118,6 +122,7 @@ class MoEBenchResult:
     grouped_best_ratio: float | None
     dtlab_bytes_per_exchange: list[int]  # counted, per rank: counts + dispatch + combine
     formula_bytes_per_exchange: list[int]  # dispatch_bytes_from_counts(...).forward, per rank
+    grouped_refusal: str | None = None  # why the grouped GEMM did not run (rank 0), if it did not
 
 
 def run(
@@ -169,12 +174,13 @@ def run(
             dispatch_bytes_from_counts([r["tokens_per_expert"] for r in out], rank, dim).forward
             for rank in range(len(out))
         ],
+        grouped_refusal=out[0]["grouped_refusal"],
     )
 
 
-def _ratio(spread: Spread | None, best: float | None) -> str:
+def _ratio(spread: Spread | None, best: float | None, why: str | None = None) -> str:
     if spread is None:
-        return "n/a (no torch._grouped_mm for this dtype/device)"
+        return f"n/a (the loop only: {why})"
     return (
         f"{spread.median:.2f}× (range {spread.low:.2f}–{spread.high:.2f}; best ÷ best {best:.2f}×)"
     )
@@ -205,7 +211,7 @@ def main(argv: list[str]) -> int:
         f"  dispatch+combine, dtlab ÷ torch all_to_all_single: {_ratio(result.a2a_dtlab_vs_torch, result.a2a_best_ratio)}"
     )
     print(
-        f"  experts, grouped GEMM ÷ per-expert loop: {_ratio(result.grouped_vs_loop, result.grouped_best_ratio)}"
+        f"  experts, grouped GEMM ÷ per-expert loop: {_ratio(result.grouped_vs_loop, result.grouped_best_ratio, result.grouped_refusal)}"
     )
     print(
         f"  bytes per exchange per rank: counted {result.dtlab_bytes_per_exchange}, formula from "

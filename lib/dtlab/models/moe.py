@@ -52,6 +52,11 @@ class MoEConfig:
         d_expert: each expert's hidden width (``None``: the model's ``d_ff``).
         score: ``"softmax"`` (Switch, Mixtral) or ``"sigmoid"`` (DeepSeek-V3).
         capacity_factor: ``c`` in ``C = ceil(c·T·k/E)``; ``None`` never drops (dropless).
+            ``T`` is the tokens of one forward of this layer on one rank, so under expert
+            parallelism capacity is **per rank**: each rank lets each expert keep ``C`` of its
+            own assignments, and an expert may receive up to ``ep·C`` rows in all (``C`` from
+            each EP rank). One process routing ``n`` ranks' tokens at once caps each expert at
+            ``ceil(c·n·T·k/E)`` instead, and can drop different assignments.
         shared_expert: add one always-on expert of width ``d_expert`` (DeepSeekMoE).
         aux_loss_weight: weight of the Switch load-balancing loss (0 disables it).
         z_loss_weight: weight of the router z-loss (0 disables it).
@@ -60,7 +65,9 @@ class MoEConfig:
             (:meth:`MoE.update_balancing_bias`).
         n_nodes, node_limit: experts spread over ``n_nodes`` nodes in contiguous blocks; each
             token's experts come from at most ``node_limit`` of them (``None``: no limit).
-        backend: experts' compute: ``"grouped"``, ``"loop"`` or ``"auto"``.
+        backend: experts' compute: ``"grouped"``, ``"loop"`` or ``"auto"`` (the grouped GEMM
+            where it can run these operands, else the loop, decided per call; what ran is in
+            ``experts.last_backend``, see :mod:`dtlab.models.moe_experts`).
         every: experts in every ``every``-th block (1: all blocks; 2: blocks 1, 3, …).
     """
 

@@ -8,9 +8,14 @@ Per token ``t`` (rows of ``x``, width ``d``) and expert ``i`` of ``E``:
 * the ``k`` experts with the highest ``s + b`` are chosen (``b`` is the auxiliary-loss-free
   balancing bias of DeepSeek-V3, zero unless enabled; it steers the *choice* only, never the
   weight); with node-limited routing the choice is restricted to the best ``M`` nodes first;
+* **ties go to the lower index**: exactly equal values rank the lower expert (or node) index
+  first, in the experts chosen and in their best-first order (:func:`top_k_indices`, a stable
+  sort). ``torch.topk`` promises no order for equal values — in torch 2.13 on CPU, the top 1 of
+  four equal scores is expert 2 — so a rule is needed for every rank and run to route alike;
 * capacity ``C = ceil(c·T·k/E)`` (:func:`dtlab.cost.moe.expert_capacity`): an expert keeps its
   first ``C`` assignments — all tokens' first choices before any second choice, tokens in order
-  within a choice (GShard, Lepikhin et al. 2020) — and drops the rest.
+  within a choice (GShard, Lepikhin et al. 2020) — and drops the rest. ``T`` is the tokens of
+  this call: under expert parallelism, one rank's tokens, so the capacity is per rank.
 
 Losses (added to the model's loss through the block's ``aux_loss``):
 
@@ -37,7 +42,7 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 class Routing:
     """One forward's routing of ``T`` tokens to ``k`` of ``E`` experts."""
 
-    expert_index: torch.Tensor  # (T, k) int64: chosen experts, best first
+    expert_index: torch.Tensor  # (T, k) int64: chosen experts, best first (ties: lower index)
     weight: torch.Tensor  # (T, k): combine weights (differentiable)
     keep: torch.Tensor  # (T, k) bool: False where capacity dropped the assignment
     probs: torch.Tensor  # (T, E): scores normalised per token (the aux loss's P)
@@ -75,13 +80,25 @@ def scores_of(logits: torch.Tensor, score: str) -> torch.Tensor:
     raise ValueError(f"score={score!r} is not a router score; choose one of {SCORE_FUNCTIONS}")
 
 
+def top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (…, k) of the ``k`` largest ``values`` along the last dimension, largest first;
+    exactly equal values rank the lower index first.
+
+    A stable descending sort keeps equal values in index order, so the rule holds on every
+    device and torch version; for distinct values it picks what ``torch.topk`` picks, in the
+    same order. NaN counts as the largest value, as in ``topk``.
+    """
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def node_limited_mask(
     selection: torch.Tensor, top_k: int, n_nodes: int, node_limit: int
 ) -> torch.Tensor:
     """Bool mask (T, E) of the experts on each token's best ``node_limit`` nodes.
 
     Experts sit in ``n_nodes`` contiguous blocks (expert-parallel ranks fill nodes in order). A
-    node's score is the sum of its best ``max(1, k // M)`` expert scores (DeepSeek-V3 §2.1.2).
+    node's score is the sum of its best ``max(1, k // M)`` expert scores (DeepSeek-V3 §2.1.2);
+    nodes with exactly equal scores rank the lower node index first (:func:`top_k_indices`).
     """
     tokens, n_experts = selection.shape
     if n_experts % n_nodes:
@@ -94,8 +111,8 @@ def node_limited_mask(
         )
     best = min(max(1, top_k // node_limit), per_node)
     by_node = selection.view(tokens, n_nodes, per_node)
-    node_score = by_node.topk(best, dim=-1).values.sum(-1)
-    nodes = node_score.topk(node_limit, dim=-1).indices
+    node_score = by_node.topk(best, dim=-1).values.sum(-1)  # values only: ties cannot matter
+    nodes = top_k_indices(node_score, node_limit)
     allowed = torch.zeros(tokens, n_nodes, dtype=torch.bool, device=selection.device)
     allowed.scatter_(1, nodes, True)
     return allowed.repeat_interleave(per_node, dim=1)
@@ -118,9 +135,11 @@ def route_top_k(
     """Top-k routing with capacity on scores (T, E): ``(expert_index, weight, keep)``, each (T, k).
 
     The reference for the lab's routing exercise: the ``k`` highest scores' experts (best
-    first), their scores as weights, and :func:`capacity_keep`'s mask.
+    first, exactly equal scores to the lower expert index), their scores as weights, and
+    :func:`capacity_keep`'s mask.
     """
-    weight, expert_index = scores.topk(top_k, dim=-1)
+    expert_index = top_k_indices(scores, top_k)
+    weight = scores.gather(-1, expert_index)
     return expert_index, weight, capacity_keep(expert_index, scores.shape[-1], capacity)
 
 
@@ -149,7 +168,11 @@ def route(
     n_nodes: int = 1,
     node_limit: int | None = None,
 ) -> Routing:
-    """Route the rows of ``x`` (T, d) with ``router_weight`` (E, d); see the module docstring."""
+    """Route the rows of ``x`` (T, d) with ``router_weight`` (E, d); see the module docstring.
+
+    Every choice here — the nodes, then the experts, with or without the bias — goes through
+    :func:`top_k_indices`: exactly equal values go to the lower index.
+    """
     n_experts = router_weight.shape[0]
     dtype = torch.promote_types(x.dtype, torch.float32)  # fp32 at least: bf16 logits tie
     logits = x.to(dtype) @ router_weight.to(dtype).t()
@@ -158,7 +181,7 @@ def route(
     if node_limit is not None:
         mask = node_limited_mask(selection, top_k, n_nodes, node_limit)
         selection = selection.masked_fill(~mask, float("-inf"))
-    expert_index = selection.topk(top_k, dim=-1).indices
+    expert_index = top_k_indices(selection, top_k)
     weight = scores.gather(1, expert_index)
     if score == "sigmoid":
         weight = weight / weight.sum(-1, keepdim=True)

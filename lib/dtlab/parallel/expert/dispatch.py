@@ -14,6 +14,10 @@
 4. **combine** — the inverse all-to-all (splits swapped) brings each row home, where it is
    weighted by its routing weight and summed per token.
 
+Capacity is per rank: each rank's router has already capped each expert at ``C`` of this rank's
+own assignments (``C`` from this rank's tokens, :class:`~dtlab.models.moe.MoEConfig`), so an
+expert receives up to ``ep·C`` rows, ``C`` from each source rank.
+
 Backward runs through both all-to-alls by itself (:func:`dtlab.comm.all_to_all_rows` is an
 autograd function whose backward is the same exchange with the splits swapped): the combine's
 gradient goes out to the experts, the dispatch's comes home. So each rank sends

@@ -4,7 +4,8 @@
 this EP rank's block of experts (``E/ep`` of them, sliced from the full, identically initialised
 weights) and swaps the layer's dispatcher for the all-to-all one
 (:class:`~dtlab.parallel.expert.dispatch.AllToAllDispatch`). Router, shared expert, attention and
-embeddings stay whole on every rank.
+embeddings stay whole on every rank: each rank routes its own tokens with the same router and
+the same rules as one process (ties to the lower expert index; capacity from its own tokens).
 
 The groups (:mod:`dtlab.mesh.layout`; ``ep`` is carved out of ``dp``):
 
