@@ -172,3 +172,94 @@ def test_ring_traffic_goes_only_to_the_right_neighbour_and_each_step_is_drawn(cl
         assert sum(s.name == "ring_dkv" for s in mine) == 4
         computed = [s for s in spans if s.rank == rank and s.name == "ring_block_forward"]
         assert len(computed) == 4  # zig-zag: no block is fully masked, so none is skipped
+
+
+# S = 7 over 2 ranks: rank 0 holds 4 tokens, rank 1 holds 3 — contiguous, or zig-zag's
+# head-and-tail chunks. No shard_sequence call makes this (it refuses); a hand-cut batch does.
+UNEVEN = {"contiguous": ([0, 1, 2, 3], [4, 5, 6]), "zigzag": ([0, 1, 5, 6], [2, 3, 4])}
+
+
+def _uneven_on_rank(method: str, layout: str, collectives: str) -> dict:
+    import dtlab
+    from dtlab.comm import Communicator
+    from dtlab.parallel.context import allgather_attention, ring_attention, ulysses_attention
+
+    comm = Communicator(None, collectives=collectives, dim="cp")
+    g = torch.Generator().manual_seed(0)
+    positions = torch.tensor(UNEVEN[layout][comm.rank])
+    q, k, v = (torch.randn(B, h, 7, DH, generator=g)[:, :, positions] for h in (4, 2, 2))
+    attention = {"ring": ring_attention, "ulysses": ulysses_attention}.get(
+        method, allgather_attention
+    )
+    try:
+        attention(q, k, v, positions, positions, comm)
+    except dtlab.collectives.CollectiveMismatch as error:
+        return {"error": str(error), "bytes": comm.stats.bytes_sent}
+    return {"error": None, "bytes": comm.stats.bytes_sent}
+
+
+def _raise_uneven(method: str, layout: str, collectives: str) -> None:
+    result = _uneven_on_rank(method, layout, collectives)
+    if result["error"] is not None:
+        raise ValueError(result["error"])
+
+
+UNEVEN_CASES = [
+    ("ring", "contiguous", "torch"),
+    ("ring", "zigzag", "torch"),
+    ("ring", "zigzag", "dtlab"),
+    ("ulysses", "contiguous", "torch"),
+    ("ulysses", "contiguous", "dtlab"),
+    ("allgather", "contiguous", "torch"),
+]
+
+
+@pytest.mark.parametrize(("method", "layout", "collectives"), UNEVEN_CASES)
+def test_uneven_cp_shards_raise_on_every_rank_naming_each_length_before_anything_moves(
+    cluster2, method, layout, collectives
+):
+    """4 + 3 tokens used to abort a rank inside gloo (SIGABRT, RankDied without a reason). Now
+    both ranks compare shapes first and raise the same error; no payload byte was counted."""
+    results = cluster2.run(_uneven_on_rank, method, layout, collectives)
+    for result in results:
+        message = result["error"]
+        assert message is not None
+        name = {"ring": "ring", "ulysses": "Ulysses", "allgather": "all-gather"}[method]
+        assert f"{name} attention needs every cp rank to hold the same number of tokens" in message
+        assert "rank 0: 4; rank 1: 3 (7 in all)" in message
+        assert "pad the sequence to a multiple of 2·cp = 4 (zig-zag) or cp = 2" in message
+        assert "shard_sequence(x, cp, rank, style, dim=2)" in message
+        assert result["bytes"] == 0
+    assert results[0]["error"] == results[1]["error"]
+
+
+def test_after_an_uneven_cp_refusal_the_cluster_still_runs_cp_attention(cluster2):
+    """The refusal is a plain exception on every rank (RankError), not a dead rank; the next run
+    on the same ranks computes ring attention exactly."""
+    from dtlab.runtime.errors import RankError
+
+    with pytest.raises(RankError) as raised:
+        cluster2.run(_raise_uneven, "ring", "contiguous", "torch")
+    assert "ranks [0, 1] all raised" in str(raised.value)
+    assert "rank 0: 4; rank 1: 3" in str(raised.value)
+    for result in cluster2.run(_attention_on_rank, "ring", "zigzag", True, 4, 2):
+        assert result["error"] < TOLERANCE
+
+
+def _mismatched_batch_on_rank() -> str:
+    import dtlab
+    from dtlab.comm import Communicator
+    from dtlab.parallel.context import ring_attention
+
+    comm = Communicator(None, collectives="torch", dim="cp")
+    rows = 2 if comm.rank == 0 else 1
+    q, k, v = (torch.randn(rows, 2, 4, DH) for _ in range(3))
+    positions = torch.arange(4 * comm.rank, 4 * comm.rank + 4)
+    with pytest.raises(dtlab.collectives.CollectiveMismatch) as error:
+        ring_attention(q, k, v, positions, positions, comm)
+    return str(error.value)
+
+
+def test_cp_ranks_with_different_batch_sizes_are_refused_by_name(cluster2):
+    for message in cluster2.run(_mismatched_batch_on_rank):
+        assert "the same batch size (B)" in message and "rank 0: 2; rank 1: 1" in message

@@ -97,8 +97,19 @@ def test_zigzag_rank_holds_chunk_i_and_chunk_2n_minus_1_minus_i():
 @pytest.mark.parametrize("style", ["zigzag", "contiguous"])
 def test_unshard_puts_every_rank_shard_back_in_sequence_order(style):
     x = torch.arange(2 * 16 * 3).view(2, 16, 3)
-    shards = [shard_sequence(x, 4, r, style)[0] for r in range(4)]
-    assert torch.equal(unshard_sequence(shards, style), x)
+    shards = [shard_sequence(x, 4, r, style, dim=1)[0] for r in range(4)]
+    assert torch.equal(unshard_sequence(shards, style, dim=1), x)
+
+
+def test_shard_sequence_takes_the_sequence_axis_explicitly_and_cuts_only_it():
+    qkv = torch.arange(2 * 4 * 8 * 3).view(2, 4, 8, 3)  # (B, H, S, Dh): H=4 would split too
+    with pytest.raises(TypeError, match="dim"):
+        shard_sequence(qkv, 2, 0, "zigzag")  # no silent default that would cut the heads
+    with pytest.raises(TypeError, match="dim"):
+        unshard_sequence([qkv, qkv], "zigzag")
+    shard, positions = shard_sequence(qkv, 2, 1, "zigzag", dim=2)
+    assert shard.shape == (2, 4, 4, 3) and positions.tolist() == [2, 3, 4, 5]
+    assert torch.equal(shard, qkv[:, :, 2:6])
 
 
 def test_bad_cp_degrees_are_refused_with_what_to_choose():

@@ -8,7 +8,12 @@ import pytest
 from dtlab.memory import activation_bytes_per_layer as korthikanti
 from dtlab.mesh import Layout
 from dtlab.models import GPTConfig
-from dtlab.parallel.tensor import check_heads, check_tensor_parallel, tensor_parallel_check
+from dtlab.parallel.tensor import (
+    check_heads,
+    check_tensor_parallel,
+    padded_vocab_size,
+    tensor_parallel_check,
+)
 from dtlab.parallel.tensor.accounting import (
     activation_bytes_per_layer,
     comm_bytes_per_layer,
@@ -39,10 +44,11 @@ def test_tp_beyond_the_kv_heads_is_refused_naming_tp_and_n_kv_heads_choices():
     check_heads(8, 2, 2)
 
 
-def test_tp_that_does_not_divide_the_vocabulary_is_refused_with_padding_advice():
-    message = _refused(GPTConfig.tiny(vocab_size=100, n_heads=8), 8)
-    assert "tp=8 does not divide vocab_size=100" in message
-    assert "pad vocab_size to 104" in message
+def test_tp_that_does_not_divide_the_vocabulary_is_accepted_because_it_is_padded():
+    check_tensor_parallel(GPTConfig.tiny(vocab_size=100, n_heads=8), tp=8)
+    assert [padded_vocab_size(v, t) for v, t in ((100, 8), (128, 8), (65, 2), (5, 4))] == [
+        104, 128, 66, 8,
+    ]  # fmt: skip
 
 
 def test_sequence_parallel_needs_tp_to_divide_the_sequence_and_plain_tp_does_not():
@@ -54,8 +60,9 @@ def test_sequence_parallel_needs_tp_to_divide_the_sequence_and_plain_tp_does_not
 def test_every_problem_is_listed_at_once():
     message = _refused(GPTConfig.tiny(vocab_size=100, seq_len=31), 3, sequence_parallel=True)
     assert message.startswith("tensor parallelism tp=3 does not fit the model:")
-    for part in ("4 attention heads", "d_ff=256", "vocab_size=100", "seq_len=31"):
+    for part in ("4 attention heads", "d_ff=256", "seq_len=31"):
         assert part in message
+    assert "vocab_size" not in message  # padded, not refused
 
 
 def test_the_layout_itself_is_checked_first_and_keyword_degrees_work():
@@ -65,7 +72,8 @@ def test_the_layout_itself_is_checked_first_and_keyword_degrees_work():
 
 
 def test_params_per_rank_is_the_model_size_at_tp_1_and_shrinks_by_about_t():
-    for config in (TINY, GPTConfig.tiny(n_kv_heads=2, tie_embeddings=False, bias=False)):
+    odd = GPTConfig.tiny(vocab_size=65, tie_embeddings=False)
+    for config in (TINY, GPTConfig.tiny(n_kv_heads=2, tie_embeddings=False, bias=False), odd):
         assert params_per_rank(config, 1) == config.num_params()
         assert config.num_params() / 4 < params_per_rank(config, 4) < config.num_params() / 2
 

@@ -5,6 +5,7 @@
 * :mod:`.sharding` — contiguous and zig-zag (load-balanced causal) token layouts, positions explicit;
 * :mod:`.ulysses` — DeepSpeed-Ulysses: all-to-all sequence ↔ heads around full attention;
 * :mod:`.allgather` — Llama 3's variant: all-gather K/V, attend locally (for comparison);
+* :mod:`.agreement` — before any K/V moves, the ranks check they hold shards of one shape;
 * :mod:`.model` — apply either to the lab GPT from outside.
 """
 

@@ -16,6 +16,7 @@ import torch
 
 from dtlab.comm import Communicator, gather_along
 from dtlab.models.attention import math_attention
+from dtlab.parallel.context.agreement import check_equal_shards
 
 
 def allgather_attention(
@@ -29,9 +30,14 @@ def allgather_attention(
     causal: bool = True,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Exact attention of this rank's q (B, H, Sq, Dh) over every rank's k, v (B, Hkv, Sk, Dh)."""
-    if positions_k.dim() != 1:
+    """Exact attention of this rank's q (B, H, Sq, Dh) over every rank's k, v (B, Hkv, Sk, Dh).
+
+    Every rank must hold shards of one shape; on a mismatch every rank raises
+    :class:`~dtlab.collectives.CollectiveMismatch` before K/V move
+    (:mod:`~dtlab.parallel.context.agreement`)."""
+    if positions_q.dim() != 1 or positions_k.dim() != 1:
         raise ValueError("all-gather attention takes positions of shape (S,), one per token")
+    check_equal_shards(q, k, v, positions_q, positions_k, comm, "allgather")
     everyone = torch.empty(comm.world_size * positions_k.numel(), dtype=positions_k.dtype)
     comm.all_gather(everyone, positions_k.contiguous(), name="cp_positions")
     k_all, v_all = (gather_along(t.contiguous(), 2, comm) for t in (k, v))

@@ -55,8 +55,8 @@ def shard_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's ``(tokens, targets, positions)`` of a (B, S) batch."""
     sharding = _sharding_of(style)
-    local_tokens, positions = shard_sequence(tokens, comm.world_size, comm.rank, sharding)
-    local_targets, _ = shard_sequence(targets, comm.world_size, comm.rank, sharding)
+    local_tokens, positions = shard_sequence(tokens, comm.world_size, comm.rank, sharding, dim=1)
+    local_targets, _ = shard_sequence(targets, comm.world_size, comm.rank, sharding, dim=1)
     return local_tokens, local_targets, positions
 
 

@@ -15,6 +15,10 @@ backward    K/V again, N−1 times; the block's dK/dV accumulator    (N−1)·(k
             after each step, N times — the last send takes it home
 ==========  ===================================================  ===========================
 
+Before the first step the ranks compare their shards' shapes — one tiny all-gather, a control
+message not counted in ``comm.stats`` (:mod:`~dtlab.parallel.context.agreement`) — so unequal
+shards raise on every rank instead of aborting inside the transport.
+
 Overlap: each step posts the next block's send and receive *before* computing on the current one
 (``isend``/``irecv``, on transports that allow single messages in flight — gloo; otherwise
 each step's exchange completes before its compute, without overlap). Causal: a block whose keys
@@ -39,6 +43,7 @@ import torch
 from dtlab import collectives as C
 from dtlab import trace
 from dtlab.comm import Communicator
+from dtlab.parallel.context.agreement import check_equal_shards
 from dtlab.parallel.context.blockwise import (
     block_attention,
     block_attention_backward,
@@ -231,9 +236,15 @@ def ring_attention(
     rank of ``comm``. ``positions_q`` and ``positions_k`` are the global positions (S,) int64 of
     this rank's own queries and keys; other ranks' key positions travel with their blocks.
     Differentiable in q, k, v (dk, dv come back to the rank that owns them).
-    ``work``, if given, is incremented with what this rank computed."""
+    ``work``, if given, is incremented with what this rank computed.
+
+    Every rank must hold shards of one shape (as :func:`~dtlab.parallel.context.shard_sequence`
+    cuts them): before any block moves the ranks compare shapes, and on a mismatch every rank
+    raises :class:`~dtlab.collectives.CollectiveMismatch` naming each rank's length
+    (:mod:`~dtlab.parallel.context.agreement`)."""
     if positions_q.dim() != 1 or positions_k.dim() != 1:
         raise ValueError("ring attention takes positions of shape (S,), one per token")
+    check_equal_shards(q, k, v, positions_q, positions_k, comm, "ring")
     return _RingAttention.apply(q, k, v, positions_q, positions_k, comm, causal, work)
 
 

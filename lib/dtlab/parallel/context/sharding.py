@@ -44,15 +44,22 @@ def shard_positions(seq_len: int, cp: int, rank: int, style: str = "zigzag") -> 
 
 
 def shard_sequence(
-    x: torch.Tensor, cp: int, rank: int, style: str = "zigzag", dim: int = 1
+    x: torch.Tensor, cp: int, rank: int, style: str = "zigzag", *, dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x's tokens for this rank, their global positions)``; ``dim`` is the sequence axis."""
+    """``(x's tokens for this rank, their global positions)``, cut along the sequence axis ``dim``.
+
+    ``dim`` has no default because the sequence sits in different places: ``dim=1`` for token
+    ids and activations ``(B, S)`` / ``(B, S, d)``, ``dim=2`` for attention's q, k, v
+    ``(B, H, S, Dh)``. The wrong axis would cut heads or features without an error whenever
+    their size happens to divide evenly.
+    """
     positions = shard_positions(x.shape[dim], cp, rank, style)
     return x.index_select(dim, positions.to(x.device)), positions
 
 
-def unshard_sequence(shards: list[torch.Tensor], style: str = "zigzag", dim: int = 1):
-    """Put every rank's shard (rank order) back into the full sequence along ``dim``."""
+def unshard_sequence(shards: list[torch.Tensor], style: str = "zigzag", *, dim: int):
+    """Put every rank's shard (rank order) back into the full sequence along ``dim`` (the axis
+    :func:`shard_sequence` cut: 1 for ``(B, S, …)``, 2 for ``(B, H, S, Dh)``)."""
     cp = len(shards)
     seq_len = sum(s.shape[dim] for s in shards)
     full = torch.empty_like(torch.cat(shards, dim))

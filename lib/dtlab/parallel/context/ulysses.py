@@ -13,7 +13,9 @@ The backward of each all-to-all is the inverse all-to-all (:func:`dtlab.comm.all
 Bytes each rank sends per attention call (fp ``b`` bytes per value, ``B`` rows, head dim ``Dh``):
 ``(N−1)/N · B·(S/N)·Dh·b · (H + 2·Hkv)`` for q, k, v and ``(N−1)/N · B·(S/N)·Dh·b · H`` for the
 output; the same again in backward. The volume per rank falls as ``1/N`` (the ring's does not),
-but ``N`` cannot exceed the number of KV heads.
+but ``N`` cannot exceed the number of KV heads. Every rank must hold ``S/N`` tokens; the ranks
+check that first with a control message not counted in ``comm.stats``
+(:mod:`~dtlab.parallel.context.agreement`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from dtlab.comm import Communicator, all_to_all_rows
 from dtlab.models.attention import math_attention
+from dtlab.parallel.context.agreement import check_equal_shards
 
 
 def check_heads(heads: int, kv_heads: int, cp: int) -> None:
@@ -69,11 +72,15 @@ def ulysses_attention(
     """Exact attention of this rank's tokens over every rank's, by two all-to-alls.
 
     q (B, H, S/N, Dh), k and v (B, Hkv, S/N, Dh), positions (S/N,) of this rank's tokens (q and
-    k the same tokens, as in self-attention); returns (B, H, S/N, Dh).
+    k the same tokens, as in self-attention); returns (B, H, S/N, Dh). Every rank must hold
+    ``S/N`` tokens: the ranks compare shapes before the first all-to-all and, on a mismatch,
+    all raise :class:`~dtlab.collectives.CollectiveMismatch` naming each rank's length
+    (:mod:`~dtlab.parallel.context.agreement`).
     """
     check_heads(q.shape[1], k.shape[1], comm.world_size)
-    if positions_q.dim() != 1:
+    if positions_q.dim() != 1 or positions_k.dim() != 1:
         raise ValueError("Ulysses attention takes positions of shape (S,), one per token")
+    check_equal_shards(q, k, v, positions_q, positions_k, comm, "ulysses")
     everyone = torch.empty(comm.world_size * positions_k.numel(), dtype=positions_k.dtype)
     comm.all_gather(everyone, positions_k.contiguous(), name="ulysses_positions")
     q_h, k_h, v_h = (_sequence_to_heads(t, comm) for t in (q, k, v))

@@ -8,7 +8,7 @@ Read in this order — each file one idea on top of the last:
 * :mod:`~dtlab.parallel.tensor.blocks` — attention split by heads (GQA: by KV groups), the MLP
   by hidden width: two collectives per block per pass.
 * :mod:`~dtlab.parallel.tensor.embedding` — the vocabulary-parallel embedding (tied head: the
-  same shard).
+  same shard); a vocabulary ``t`` does not divide is padded, as Megatron-LM does.
 * :mod:`~dtlab.parallel.tensor.cross_entropy` — the loss from vocabulary-sharded logits,
   never gathering them.
 * :mod:`~dtlab.parallel.tensor.sequence` — sequence parallelism's replicated parameters, whose
@@ -28,7 +28,7 @@ from dtlab.parallel.tensor.blocks import (
 )
 from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
 from dtlab.parallel.tensor.dtensor_plan import dtensor_loss_backward, dtensor_parallelize_gpt
-from dtlab.parallel.tensor.embedding import VocabParallelEmbedding
+from dtlab.parallel.tensor.embedding import VocabParallelEmbedding, padded_vocab_size
 from dtlab.parallel.tensor.layers import (
     SEQ_DIM,
     ColumnParallelLinear,
@@ -63,6 +63,7 @@ __all__ = [
     "enter_region",
     "enter_region_on_input",
     "leave_region",
+    "padded_vocab_size",
     "parallelize_attention",
     "parallelize_block",
     "parallelize_mlp",

@@ -12,7 +12,8 @@ TP + SP      2 all-gathers + 2 reduce-scatters of ``b·s·h``   ``2 · 2(t-1)/t 
 
 **Parameters per rank.** Every weight matrix and the vocabulary split ``t`` ways; the
 row-parallel biases, LayerNorms and learned positions are replicated:
-``Ψ_t = (matrices + column biases + vocab·d)/t + replicated``.
+``Ψ_t = (matrices + column biases + V_t·d)/t + replicated``, where ``V_t`` is the vocabulary
+padded to a multiple of ``t`` (:func:`~dtlab.parallel.tensor.embedding.padded_vocab_size`).
 
 **Activations per layer** (what autograd saves for backward). Korthikanti et al.'s
 ``s·b·h·(34 + 5·a·s/h)`` bytes (:func:`dtlab.memory.activation_bytes_per_layer`) counts a
@@ -54,13 +55,16 @@ def comm_bytes_per_layer(
 def params_per_rank(config, tp: int) -> int:
     """Parameters one tensor-parallel rank holds of ``GPT(config)`` (tied head counted once).
 
-    At ``tp=1`` this is :meth:`GPTConfig.num_params`.
+    At ``tp=1`` this is :meth:`GPTConfig.num_params`; a vocabulary ``tp`` does not divide is
+    counted padded, as :func:`~dtlab.parallel.tensor.parallelize_gpt` holds it.
     """
+
     d, kv, ff, bias = config.d_model, config.kv_width, config.d_ff, config.bias
     norm = 2 * d if bias else d
     sharded_per_block = 2 * d * d + 2 * d * kv + 2 * d * ff + ((d + 2 * kv + ff) if bias else 0)
     replicated_per_block = 2 * norm + (2 * d if bias else 0)  # + out_proj and fc_out biases
-    vocab = config.vocab_size * d * (1 if config.tie_embeddings else 2)
+    padded_vocab = -(-config.vocab_size // tp) * tp  # embedding.padded_vocab_size
+    vocab = padded_vocab * d * (1 if config.tie_embeddings else 2)
     sharded = config.n_layers * sharded_per_block + vocab
     replicated = config.n_layers * replicated_per_block + config.seq_len * d + norm
     return sharded // tp + replicated

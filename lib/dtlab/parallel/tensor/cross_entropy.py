@@ -26,6 +26,12 @@ carries no gradient.
 Backward needs no communication: ``∂ℓ_i/∂z_{iv} = softmax_{iv} − [v = y]`` for the rank's
 own ``v``, and the softmax is ``exp(z - m) / Σ`` with the global sum already known. This module
 saves the local softmax (the size of the local logits) for it.
+
+Padding (``vocab_size`` smaller than the ``t`` shards' columns together, as
+:func:`~dtlab.parallel.tensor.embedding.pad_vocab` leaves an indivisible vocabulary): the columns of token ids at or past ``vocab_size`` count as ``-inf`` — they add nothing to the
+sum of ``exp``, their softmax and so their gradient are exactly zero — so the loss and every
+gradient are those of the unpadded vocabulary. A rank whose columns are all padding takes part
+in the three all-reduces with ``-inf`` and zeros.
 """
 
 from __future__ import annotations
@@ -44,7 +50,10 @@ def _global_max(local_max: torch.Tensor, comm: Communicator) -> torch.Tensor:
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, vocab_start, comm):
+    def forward(ctx, logits, targets, vocab_start, comm, vocab_size):
+        if vocab_size is not None and vocab_start + logits.shape[-1] > vocab_size:
+            logits = logits.clone()  # columns past the real vocabulary: left out of the loss
+            logits[..., max(vocab_size - vocab_start, 0) :] = float("-inf")
         local_target = targets - vocab_start
         elsewhere = (local_target < 0) | (local_target >= logits.shape[-1])
         local_target = local_target.masked_fill(elsewhere, 0)
@@ -67,7 +76,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad = softmax.clone()
         owned = (~elsewhere).to(grad.dtype)  # subtract the one-hot only where this rank owns y
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -owned.unsqueeze(-1))
-        return grad * grad_loss.unsqueeze(-1), None, None, None
+        return grad * grad_loss.unsqueeze(-1), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
@@ -75,13 +84,16 @@ def vocab_parallel_cross_entropy(
     targets: torch.Tensor,
     comm: Communicator,
     vocab_start: int | None = None,
+    *,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """Mean next-token cross-entropy from this rank's vocabulary shard of the logits.
 
     ``logits`` (..., V/t) — this rank's columns, starting at token id ``vocab_start`` (default
     ``rank · V/t``); ``targets`` (...) — full token ids, the same on every rank. Returns the
     same scalar on every rank: ``F.cross_entropy`` of the full logits, without gathering them.
-    16-bit logits are upcast to fp32 first.
+    ``vocab_size``: the real vocabulary when the sharded one is padded (default: no padding);
+    columns of ids at or past it are left out. 16-bit logits are upcast to fp32 first.
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(
@@ -92,4 +104,4 @@ def vocab_parallel_cross_entropy(
         vocab_start = comm.rank * logits.shape[-1]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    return _VocabParallelCrossEntropy.apply(logits, targets, vocab_start, comm).mean()
+    return _VocabParallelCrossEntropy.apply(logits, targets, vocab_start, comm, vocab_size).mean()

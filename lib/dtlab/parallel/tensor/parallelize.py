@@ -37,6 +37,21 @@ LayerNorms                  unchanged (replicated; on sequence shards with SP)
 ``lm_head``                 :class:`ColumnParallelLinear` over the vocabulary; when tied, its
                             ``weight`` *is* the embedding's shard Parameter
 ==========================  ===================================================================
+
+A vocabulary that ``t`` does not divide is padded with zero rows to the next multiple of ``t``
+(:func:`~dtlab.parallel.tensor.embedding.padded_vocab_size`; Megatron-LM pads too): each rank's
+logits are ``(b, s, ⌈V/t⌉)``, :meth:`TensorParallel.loss` leaves the padding columns out, and
+:meth:`~TensorParallel.gather_logits`, :meth:`~TensorParallel.full_parameters` and
+:meth:`~TensorParallel.full_gradients` cut them off, so all three have the one-process model's
+shapes and values.
+
+Collectives: :meth:`~TensorParallel.loss`, :meth:`~TensorParallel.finish_gradients`,
+:meth:`~TensorParallel.gather_logits`, :meth:`~TensorParallel.full_parameters` and
+:meth:`~TensorParallel.full_gradients` each run collectives over the tensor-parallel group, so
+every rank of the group must call them, in the same order — also when only one rank wants the
+result (to print or save it). Called on one rank they wait for ranks that never join; inside
+``cluster.run`` the Cluster reports it, naming the method and your line, as soon as the other
+ranks have returned (else at its timeout).
 """
 
 from __future__ import annotations
@@ -51,8 +66,8 @@ from dtlab.comm import Communicator, gather_along
 from dtlab.models import GPTConfig, validate_layout
 from dtlab.parallel.tensor.blocks import parallelize_block
 from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
-from dtlab.parallel.tensor.embedding import VocabParallelEmbedding
-from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dtlab.parallel.tensor.embedding import VocabParallelEmbedding, pad_vocab
+from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, shard_of
 from dtlab.parallel.tensor.sequence import (
     SequenceShardedPositions,
     all_reduce_partial_grads,
@@ -74,9 +89,10 @@ def check_tensor_parallel(
     """Refuse a TP degree this GPT cannot take, naming every problem and what to choose.
 
     The heads, KV heads and ``d_ff`` rules (and their messages) are
-    :func:`dtlab.models.validate_layout`'s; this adds what vocabulary parallelism and sequence
-    parallelism need: ``t`` divides ``vocab_size`` (and ``seq_len`` with SP). Use it before any
-    process starts: ``Layout(tp=2).check(2, model_check=tensor_parallel_check(config))``.
+    :func:`dtlab.models.validate_layout`'s; this adds what sequence parallelism needs: ``t``
+    divides ``seq_len``. ``vocab_size`` need not divide: :func:`parallelize_gpt` pads it (see the
+    module docstring). Use it before any process starts:
+    ``Layout(tp=2).check(2, model_check=tensor_parallel_check(config))``.
     """
     tp = tp if tp is not None else getattr(layout, "tp", 1)
     problems = []
@@ -85,13 +101,6 @@ def check_tensor_parallel(
     except ValueError as error:
         problems += [line.removeprefix("  - ") for line in str(error).splitlines()]
         problems = [p for p in problems if not p.startswith("this layout does not fit")]
-    if config.vocab_size % tp:
-        padded = -(-config.vocab_size // tp) * tp
-        problems.append(
-            f"tp={tp} does not divide vocab_size={config.vocab_size}: the vocabulary-parallel "
-            f"embedding and LM head give each rank vocab_size/tp rows; choose tp from "
-            f"{_divisors(config.vocab_size)}, or pad vocab_size to {padded} (Megatron pads)"
-        )
     if sequence_parallel and config.seq_len % tp:
         problems.append(
             f"sequence parallelism cuts seq_len={config.seq_len} into tp={tp} chunks; choose "
@@ -135,28 +144,43 @@ class TensorParallel:
     """Parameter name → the dimension split over the group; names not here are replicated."""
     partial_grads: list[nn.Parameter] = field(default_factory=list)
     """Replicated parameters whose gradients are partial sums under sequence parallelism."""
+    vocab_size: int | None = None
+    """The model's real vocabulary; the sharded one is padded past it when ``t`` does not
+    divide it (``None``: every sharded row is real)."""
+    vocab_names: frozenset[str] = frozenset()
+    """Names of the parameters split along the (possibly padded) vocabulary, dim 0."""
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy from the vocabulary-sharded logits (never gathered)."""
-        return vocab_parallel_cross_entropy(logits, targets, self.comm)
+        """Mean cross-entropy from the vocabulary-sharded logits (never gathered; padding
+        columns left out). Collective: three all-reduces over the group."""
+        return vocab_parallel_cross_entropy(logits, targets, self.comm, vocab_size=self.vocab_size)
 
     def finish_gradients(self) -> None:
         """After backward, before the optimizer: with SP, sum the partial gradients of the
-        replicated parameters over the group (one all-reduce); without SP, nothing to do."""
+        replicated parameters over the group (one all-reduce); without SP, nothing to do.
+        Collective: call it on every rank of the group."""
         if self.sequence_parallel:
             all_reduce_partial_grads(self.partial_grads, self.comm)
 
     @torch.no_grad()
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The full ``(…, vocab)`` logits — for checking and sampling, not for the loss."""
-        return gather_along(logits, -1, self.comm)
+        """The full ``(…, vocab)`` logits, padding cut off — for checking and sampling, not for
+        the loss. Collective: an all-gather over the group; call it on every rank."""
+        return gather_along(logits, -1, self.comm)[..., : self.vocab_size]
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Name → the full (gathered) parameter, as the single-process model names it."""
+        """Name → the full (gathered) parameter, as the single-process model names and shapes
+        it. Collective: one all-gather per sharded parameter; call it on every rank of the group
+        (every rank gets the result), not inside ``if rank == 0``."""
         return self._gathered(lambda p: p.detach())
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Name → the full (gathered) gradient; call after :meth:`finish_gradients`."""
+        """Name → the full (gathered) gradient, as the single-process model names and shapes
+        it; call after :meth:`finish_gradients`. Collective: one all-gather per sharded
+        gradient; call it on every rank of the group (every rank gets the result), not inside
+        ``if rank == 0`` — a lone caller waits for ranks that never join (inside
+        ``cluster.run`` the Cluster says so once they return, naming this method and your
+        line)."""
         return self._gathered(lambda p: p.grad)
 
     @torch.no_grad()
@@ -166,6 +190,8 @@ class TensorParallel:
             value = value_of(param)
             if value is not None and name in self.shard_dims:
                 value = gather_along(value, self.shard_dims[name], self.comm)
+                if name in self.vocab_names:
+                    value = value[: self.vocab_size]
             full[name] = None if value is None else value.clone()
         return full
 
@@ -193,7 +219,7 @@ def parallelize_gpt(
         comm = Communicator.along(mesh_or_comm, "tp", collectives)
     check_tensor_parallel(model.config, tp=comm.world_size, sequence_parallel=sequence_parallel)
     tied = model.lm_head.weight is model.embed.weight
-    sp = sequence_parallel
+    sp, vocab_size = sequence_parallel, model.embed.weight.shape[0]
 
     model.embed = VocabParallelEmbedding.from_embedding(model.embed, comm, sequence_parallel=sp)
     if sp:
@@ -203,13 +229,26 @@ def parallelize_gpt(
     if tied:  # one shard object: the head's rows are the embedding's rows
         model.lm_head = ColumnParallelLinear(model.embed.weight, None, comm, sequence_parallel=sp)
     else:
-        model.lm_head = ColumnParallelLinear.from_linear(model.lm_head, comm, sequence_parallel=sp)
+        model.lm_head = _vocab_parallel_head(model.lm_head, comm, sp)
 
     dims = _shard_dims(model)
+    vocab_params = {id(p) for m in (model.embed, model.lm_head) for p in m.parameters()}
     return TensorParallel(
         model,
         comm,
         sp,
         {name: dims[id(p)] for name, p in model.named_parameters() if id(p) in dims},
         partial_grad_parameters(model),
+        vocab_size,
+        frozenset(name for name, p in model.named_parameters() if id(p) in vocab_params),
     )
+
+
+def _vocab_parallel_head(head: nn.Linear, comm: Communicator, sp: bool) -> ColumnParallelLinear:
+    """An untied LM head split over the vocabulary, padded like the embedding."""
+    t, what = comm.world_size, "the LM head's vocabulary"
+    weight = nn.Parameter(shard_of(pad_vocab(head.weight, t), 0, comm, what))
+    bias = None
+    if head.bias is not None:
+        bias = nn.Parameter(shard_of(pad_vocab(head.bias, t), 0, comm, what))
+    return ColumnParallelLinear(weight, bias, comm, sequence_parallel=sp)
