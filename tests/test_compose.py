@@ -18,13 +18,15 @@ import dtlab
 TOLERANCE = 1e-10
 
 
-def _step_on_rank(degrees: dict, data_parallel: str = "ddp", sp: bool = False, **extra) -> dict:
+def _step_on_rank(
+    degrees: dict, data_parallel: str = "ddp", sp: bool = False, vocab_size: int = 64, **extra
+) -> dict:
     from dtlab.mesh import Mesh
     from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
     from dtlab.parallel.compose import compose_gpt
     from dtlab.parallel.pipeline import one_f_one_b
 
-    config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
+    config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=4, vocab_size=vocab_size, dropout=0.0)
     tokens, targets = SyntheticTokens(config, n_batches=1, batch_size=4, seed=3)[0]
     reference = GPT(config, seed=0, dtype=torch.float64)
     ref_loss = loss_fn(reference(tokens), targets)
@@ -89,6 +91,18 @@ def cluster8():
 def test_two_dimensional_layouts_train_like_one_process(cluster4, degrees, data_parallel, sp):
     extra = {"hsdp_shard": 2} if data_parallel == "hsdp" else {}
     _check(cluster4.run(_step_on_rank, degrees, data_parallel, sp, **extra))
+
+
+@pytest.mark.parametrize(
+    ("degrees", "data_parallel"),
+    [({"dp": 2, "tp": 2}, "fsdp"), ({"pp": 2, "tp": 2}, "ddp")],
+)
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_trains_like_one_process(
+    cluster4, degrees, data_parallel
+):
+    """63 tokens on tp = 2: each rank holds 32 rows, one of them padding; the padding never
+    enters the loss, and the gathered gradients are the one-process model's 63 rows."""
+    _check(cluster4.run(_step_on_rank, degrees, data_parallel, False, vocab_size=63))
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 import dtlab
 
 
-def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool) -> dict:
+def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: int = 64) -> dict:
     import torch
 
     from dtlab.mesh import Layout, Mesh
@@ -23,7 +23,7 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool) -> dict:
     from dtlab.parallel.pipeline import one_f_one_b
     from dtlab.plan.predict import parameters_per_rank, predicted_state_bytes, predicted_traffic
 
-    config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=4, vocab_size=64, dropout=0.0)
+    config = GPTConfig.tiny(seq_len=16, d_model=32, n_layers=4, vocab_size=vocab, dropout=0.0)
     tokens, targets = SyntheticTokens(config, n_batches=1, batch_size=4, seed=3)[0]
     mesh = Mesh(**degrees)
     composed = compose_gpt(
@@ -77,18 +77,20 @@ def cluster8():
 
 
 @pytest.mark.parametrize(
-    ("degrees", "data_parallel", "sp"),
+    ("degrees", "data_parallel", "sp", "vocab"),
     [
-        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False),
-        ({"dp": 2, "cp": 2, "tp": 2}, "ddp", True),
-        ({"dp": 4, "tp": 2}, "fsdp", False),
-        ({"pp": 2, "cp": 2, "tp": 2}, "ddp", False),
+        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 64),
+        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 63),  # padded to 64: 32 rows per tp rank
+        ({"dp": 2, "cp": 2, "tp": 2}, "ddp", True, 64),
+        ({"dp": 4, "tp": 2}, "fsdp", False, 64),
+        ({"pp": 2, "cp": 2, "tp": 2}, "ddp", False, 64),
     ],
 )
 def test_predicted_bytes_per_group_and_collective_equal_the_counted_bytes(
-    cluster8, degrees, data_parallel, sp
+    cluster8, degrees, data_parallel, sp, vocab
 ):
-    for rank, result in enumerate(cluster8.run(_counted_and_predicted, degrees, data_parallel, sp)):
+    results = cluster8.run(_counted_and_predicted, degrees, data_parallel, sp, vocab)
+    for rank, result in enumerate(results):
         assert result["measured_counted"]
         assert result["counted"] == result["predicted"], rank
         assert result["held"] == result["predicted_held"], rank

@@ -62,6 +62,12 @@ def block_params(config: GPTConfig, tp: int) -> tuple[int, int]:
     return sharded // tp, replicated
 
 
+def vocab_rows_per_rank(vocab_size: int, tp: int) -> int:
+    """Rows of the embedding (and head) each TP rank holds: the vocabulary is padded to a
+    multiple of ``tp`` when ``tp`` does not divide it (as Megatron-LM does), so ``⌈V/tp⌉``."""
+    return -(-vocab_size // tp)
+
+
 def stage_params(config: GPTConfig, tp: int, pp: int, stage: int) -> list[int]:
     """Parameters of each FSDP unit of a stage on one TP rank: its blocks, then the root (the
     embeddings on the first stage, the final norm and head on the last)."""
@@ -69,7 +75,7 @@ def stage_params(config: GPTConfig, tp: int, pp: int, stage: int) -> list[int]:
     layers = balanced_stage_layers(config.n_layers, pp)[stage]
     units = [sharded + replicated for _ in layers]
     root = 0
-    vocab = config.vocab_size * config.d_model // tp
+    vocab = vocab_rows_per_rank(config.vocab_size, tp) * config.d_model
     if stage == 0:
         root += vocab + config.seq_len * config.d_model
     if stage == pp - 1:
@@ -154,7 +160,9 @@ def predicted_traffic(
         sends = (0 if last else m) + (0 if first else m)
         traffic["pp"] = {"send": sends * act, "recv": 0}  # a message is counted once, at its sender
         if config.tie_embeddings and (first or last):
-            traffic["embedding"] = {"all_reduce": _ar(config.vocab_size * d // t * e, 2)}
+            traffic["embedding"] = {
+                "all_reduce": _ar(vocab_rows_per_rank(config.vocab_size, t) * d * e, 2)
+            }
     if dp > 1:
         if data_parallel == "ddp":
             traffic["dp"] = {"all_reduce": _ar(params * e, dp)}

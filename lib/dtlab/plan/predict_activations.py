@@ -121,7 +121,7 @@ def per_micro_batch_bytes(
         out["positions"] = 8 * s  # one per stage forward: the embedding's, the regions' inputs
     if pp_rank == pp - 1:
         out["head"] = b * s * d * e // u + 2 * (b * s // u) * 4 + b * s * d * e
-        out["loss"] = b * s * (v // t) * e
+        out["loss"] = b * s * -(-v // t) * e  # the padded vocabulary: ⌈V/t⌉ logits per token
         out["loss"] += 9 * b * s if t > 1 else 8 * b * s * (cp > 1) + e
     return out
 

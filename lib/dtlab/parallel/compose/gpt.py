@@ -63,6 +63,7 @@ class ComposedGPT:
     replica_comm: Communicator | None = None  # HSDP: the same shard on the other nodes
     hsdp_shard: int = 0
     tp_shard_dims: dict[str, int] = field(default_factory=dict)
+    tp_vocab_names: frozenset[str] = frozenset()  # split along the (padded) vocabulary
     """Name → dimension split over tp, under every name a tensor has (a tied head included)."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -209,6 +210,11 @@ class ComposedGPT:
                 else g
                 for n, g in grads.items()
             }
+            # a vocabulary tp does not divide was padded: cut the padding rows off again
+            grads = {
+                n: g[: self.tp.vocab_size] if n in self.tp_vocab_names else g
+                for n, g in grads.items()
+            }
         return grads
 
 
@@ -272,6 +278,10 @@ def compose_gpt(
             for n, p in model.named_parameters(remove_duplicate=False)
             if id(p) in by_id
         }
+        vocab = {id(p) for n, p in model.named_parameters() if n in tp.vocab_names}
+        composed.tp_vocab_names = frozenset(
+            n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in vocab
+        )
     if mesh.pp_size > 1:
         loss = tp.loss if tp is not None else None
         composed.pipeline = pipeline_gpt(
