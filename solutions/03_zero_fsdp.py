@@ -100,7 +100,7 @@ STAGE_NAMES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 def held_after_backward(stage: int, mixed: bool = False) -> dict:
     """Train two steps under ``stage``; bytes held after the second backward, bytes sent in it."""
     rank, world, device = dtlab.rank(), dtlab.world_size(), dtlab.device()
-    precision = MixedPrecision() if mixed else None
+    precision = MixedPrecision(torch.bfloat16) if mixed else None
     model = GPT(CONFIG, seed=0).to(device)
     setup = shard_by_zero_stage(
         model,
@@ -388,7 +388,7 @@ dtlab.viz.timeline(
 # %%
 def held_with_offload(offload: bool) -> dict:
     rank, world, device = dtlab.rank(), dtlab.world_size(), dtlab.device()
-    precision = MixedPrecision()
+    precision = MixedPrecision(torch.bfloat16)
     model = GPT(CONFIG, seed=0).to(device)
     opt = ZeroOptimizer(
         model.parameters(), torch.optim.AdamW, stage=2, mixed_precision=precision,

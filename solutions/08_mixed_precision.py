@@ -343,6 +343,24 @@ for name, cells in rows.items():
     print(f"{name:>12}: " + " ".join(f"{c:>2}" for c in cells))
 
 # %% [markdown]
+# Last, the scale is an **FP32 number**: GradScaler keeps it in a float32 tensor, and the library
+# rounds every new scale to FP32 the same way, so the two move bit for bit. At FP32's ceiling
+# this matters. From `2^127`, doubling gives `2^128`: finite as a Python float, inf in FP32, and
+# a scale of inf turns every gradient into inf. So the growth is refused: the scale stays, and
+# the clean count still restarts. Look for: `S` staying at `2^127` on every clean step.
+
+# %%
+print("2^127 * 2 as a Python float:", 2.0**127 * 2, "| in FP32:", torch.tensor(2.0**127) * 2)
+config = ScalerConfig(init_scale=2.0**127, growth_interval=1)
+state = ScalerState.start(config)
+for step in range(3):
+    state = next_scale_state(state, False, config)
+    print(
+        f"clean step {step}: S = 2^{torch.tensor(state.scale).log2().item():.0f}, "
+        f"clean count {state.clean_steps}"
+    )
+
+# %% [markdown]
 # ## 5. BF16, and why master weights <a id="bf16-master"></a>
 #
 # BF16 has FP32's range, so nothing underflows and no loss scale is needed. It has 7 mantissa

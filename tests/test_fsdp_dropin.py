@@ -289,7 +289,7 @@ def _zero_state_dict_resumes_training(mixed: bool) -> dict:
         model = GPT(CONFIG, seed=0)
         opt = ZeroOptimizer(
             model.parameters(), torch.optim.AdamW, stage=2, bucket_cap_mb=0.02, lr=1e-2,
-            mixed_precision=MixedPrecision() if mixed else None,
+            mixed_precision=MixedPrecision(torch.bfloat16) if mixed else None,
         )  # fmt: skip
         model.to(torch.bfloat16 if mixed else torch.float32)
         return model, opt

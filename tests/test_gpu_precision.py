@@ -1,6 +1,7 @@
 """Mixed precision on CUDA tensors: FP8 linear through torch._scaled_mm (when this GPU and build
-run it, else the simulation, and the test says which ran), and the dynamic loss scaler under
-DDP on NCCL (one rank) with a planted overflow. Skipped without CUDA; ``pytest -m gpu``."""
+run it, else the simulation, and the test says which ran), the dynamic loss scaler under
+DDP on NCCL (one rank) with a planted overflow, and its FP32 scale at the edges of FP32's range
+equal to ``GradScaler("cuda")``'s bit for bit. Skipped without CUDA; ``pytest -m gpu``."""
 
 from __future__ import annotations
 
@@ -59,3 +60,58 @@ def test_loss_scaler_with_ddp_runs_on_nccl():
         r = cluster.run(_scaler_with_ddp_on_nccl)[0]
     assert r["device"].startswith("cuda")
     assert r["stepped"] == [True, False, True] and r["scale"] == 2.0**7
+
+
+def _scaler_run_on_cuda(
+    scaler, events: str, true_grad: torch.Tensor
+) -> list[tuple[str, int, bool]]:
+    """Per step: (scale after update in hex, growth tracker, whether the optimizer stepped);
+    gradients are ``scaler.scale(true_grad)`` on CUDA, an ``o`` step plants one inf."""
+    param = torch.nn.Parameter(torch.zeros_like(true_grad))
+    opt = torch.optim.SGD([param], lr=0.0)
+    stepped: list[bool] = []
+    opt.register_step_pre_hook(lambda *_: stepped.__setitem__(-1, True))
+    out = []
+    for event in events:
+        stepped.append(False)
+        grad = scaler.scale(true_grad).detach().float()
+        if event == "o":
+            grad[1] = float("inf")
+        param.grad = grad
+        scaler.step(opt)
+        scaler.update()
+        if isinstance(scaler, torch.amp.GradScaler):
+            tracker = int(scaler._get_growth_tracker())
+        else:
+            tracker = scaler.state.clean_steps
+        out.append((float(scaler.get_scale()).hex(), tracker, stepped[-1]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("start", "growth", "backoff", "interval"),
+    [
+        (2.0**127, 2.0, 0.5, 1),
+        (3.0e38, 1.5, 0.3, 1),
+        (27.0, 1.0001, 0.3, 2),
+        (2.0**-149, 2.0, 0.5, 1),
+    ],
+)
+def test_scale_at_the_fp32_edge_equals_grad_scaler_on_cuda(start, growth, backoff, interval):
+    """The CUDA ``_amp_update_scale_`` kernel refuses a growth past FP32's range and rounds each
+    product to FP32, as the CPU one does; dtlab's scaler, unscaling CUDA gradients, moves the
+    same way bit for bit."""
+    from dtlab.precision import DynamicLossScaler, ScalerConfig
+
+    knobs = dict(growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+    true_grad = torch.tensor([0.375, -0.0625, 0.75, 2.5e-4], device="cuda")
+    events = "cccccoccccooccccccocc"
+    ours = _scaler_run_on_cuda(
+        DynamicLossScaler(ScalerConfig(init_scale=start, **knobs)), events, true_grad
+    )
+    theirs = _scaler_run_on_cuda(
+        torch.amp.GradScaler("cuda", init_scale=start, **knobs), events, true_grad
+    )
+    assert ours == theirs
+    if start == 2.0**127 and interval == 1:
+        assert ours[0] == ((2.0**127).hex(), 0, True)  # the growth to 2**128 was refused

@@ -232,6 +232,18 @@ def test_the_library_quantiser_is_refused(cluster2):
     assert not result and "quantize_fp8" in result.message
 
 
+def test_the_graders_rule_keeps_the_scale_in_fp32_as_grad_scaler():
+    from dtlab.quiz.graders.precision import expected_scaler_update
+
+    # the graded cases are exact in FP32; at its ceiling the grader's rule is GradScaler's too
+    for found_inf, scale, clean in [(True, 2.0**10, 1), (False, 2.0**10, 2), (False, 2.0**127, 0)]:
+        kernel_scale, tracker = torch.full((), scale), torch.full((), clean, dtype=torch.int32)
+        found = torch.full((), float(found_inf))
+        torch._amp_update_scale_(kernel_scale, tracker, found, 2.0, 0.5, clean + 1)
+        got = expected_scaler_update(found_inf, scale, clean, clean + 1)
+        assert got == (found_inf, kernel_scale.item(), int(tracker))
+
+
 def test_scale_key_follows_grad_scaler_rule():
     assert scale_after_key(2.0**16, "ccc", 3) == 2.0**17
     assert scale_after_key(2.0**16, "cccoo", 3) == 2.0**15

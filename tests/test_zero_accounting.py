@@ -14,7 +14,7 @@ from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_ba
 def _held_and_sent(stage: int, recipe: str, collectives: str = "dtlab") -> dict:
     """Train one step (so Adam state exists), then measure step 2: held after backward, sent."""
     rank, world = dtlab.rank(), dtlab.world_size()
-    mp = MixedPrecision() if recipe == "mixed_adam" else None
+    mp = MixedPrecision(torch.bfloat16) if recipe == "mixed_adam" else None
     model = TiedToyModel(seed=0)
     units = [model.up, model.down, model.branch]
     setup = shard_by_zero_stage(
@@ -79,7 +79,11 @@ def test_shard_by_zero_stage_says_which_stages_exist_and_where_mixed_precision_g
         shard_by_zero_stage(TiedToyModel(seed=0), 4, torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="choose stage 1, 2 or 3"):
         shard_by_zero_stage(
-            TiedToyModel(seed=0), 0, torch.optim.SGD, mixed_precision=MixedPrecision(), lr=0.1
+            TiedToyModel(seed=0),
+            0,
+            torch.optim.SGD,
+            mixed_precision=MixedPrecision(torch.bfloat16),
+            lr=0.1,
         )
 
 

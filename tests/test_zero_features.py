@@ -57,7 +57,7 @@ def _features() -> dict:
     out = {}
     for name in ("zero2_mp", "zero2_mp_offload", "zero3_mp", "zero3_mp_clip", "zero2_mp_clip"):
         model = TiedToyModel(seed=0)
-        mp = MixedPrecision()
+        mp = MixedPrecision(torch.bfloat16)
         if name.startswith("zero2"):
             opt = ZeroOptimizer(
                 model.parameters(), torch.optim.SGD, stage=2, mixed_precision=mp,

@@ -99,8 +99,8 @@ def cast_inputs(value, policy: MixedPrecision | None, dtype: torch.dtype | None 
     """``value`` with its floating tensors cast to ``dtype`` (default: the policy's compute dtype,
     when the policy asks for input casting); other values pass through unchanged."""
     if dtype is None:
-        if policy is None or not policy.cast_forward_inputs:
-            return value
+        if policy is None or not policy.cast_forward_inputs or policy.param_dtype is None:
+            return value  # FSDP2 casts inputs only to a param_dtype it was given
         dtype = policy.param_dtype
     if torch.is_tensor(value):
         return value.to(dtype) if value.is_floating_point() else value

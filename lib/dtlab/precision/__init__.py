@@ -1,11 +1,13 @@
 """Number formats in training: which dtype computes, communicates and keeps the master weights.
 
-* :mod:`~dtlab.precision.mixed_precision` — :class:`MixedPrecision` (bf16/fp16 compute with fp32
-  masters, as ZeRO and FSDP2's ``MixedPrecisionPolicy`` use it) and :func:`norms_in_fp32`.
+* :mod:`~dtlab.precision.mixed_precision` — :class:`MixedPrecision` (FSDP2's
+  ``MixedPrecisionPolicy`` fields and defaults, which cast nothing; ask for bf16/fp16 compute,
+  plus ``master_dtype`` for ZeRO-1/2's fp32 masters) and :func:`norms_in_fp32`.
 * :mod:`~dtlab.precision.formats` — FP32, TF32, BF16, FP16, E4M3, E5M2 (and E2M1, E8M0): range
   and resolution computed from the bit layout.
 * :mod:`~dtlab.precision.loss_scaler` — :class:`DynamicLossScaler`: FP16 loss scaling with one
-  cross-rank overflow flag (DDP, ZeRO, FSDP), hysteresis as DeepSpeed's.
+  cross-rank overflow flag (DDP, ZeRO, FSDP), an FP32 scale moving as GradScaler's bit for bit,
+  hysteresis as DeepSpeed's.
 * :mod:`~dtlab.precision.fp8` — FP8 quantisation with saturation, per tensor / row / tile;
   delayed scaling (:class:`AmaxHistory`).
 * :mod:`~dtlab.precision.fp8_linear` — :class:`Fp8Linear` (E4M3 forward, E5M2 gradients) on

@@ -7,8 +7,9 @@ range; dividing by ``S`` before the optimizer step (in fp32) gives the true grad
 large an ``S`` overflows to inf, so the scale is *dynamic*:
 
 1. ``scaler.scale(loss).backward()`` — gradients are ``S ×`` the true ones;
-2. :meth:`DynamicLossScaler.unscale_` multiplies every gradient *this rank holds* by ``1/S``
-   and checks them for inf/NaN. Under DDP each rank holds the whole averaged gradient, so an
+2. :meth:`DynamicLossScaler.unscale_` checks every gradient *this rank holds* for inf/NaN and
+   multiplies it by ``1/S`` (the check reads the scaled gradient, as GradScaler's
+   ``_amp_foreach_non_finite_check_and_unscale_`` does). Under DDP each rank holds the whole averaged gradient, so an
    overflow anywhere reaches every rank through the all-reduce itself; under ZeRO-2/3 and FSDP a
    rank holds only its **shard**, and an inf in rank 1's shard is invisible to rank 0. So the
    local flags are combined with **one all-reduce (max) of a one-element flag** — 4 bytes — and
@@ -18,9 +19,19 @@ large an ``S`` overflows to inf, so the scale is *dynamic*:
    otherwise step, and after ``growth_interval`` consecutive clean steps multiply ``S`` by
    ``growth_factor`` (2) — :func:`next_scale_state`, the same rule as ``torch.amp.GradScaler``.
 
+``S`` is an **FP32 value**, as GradScaler keeps it (a 0-dim float32 tensor, updated by the
+``_amp_update_scale_`` kernel): the start is rounded to fp32, and each new scale is the product
+``S × factor`` taken in double precision and rounded once to fp32 (:func:`to_fp32`; a 0.3 backoff
+from 27 gives 8.100000381…, not 8.1). A growth whose fp32 result is inf is **refused**: the scale
+stays (2¹²⁷ × 2 = 2¹²⁸ is finite as a Python float but overflows FP32, and a scale of inf would
+skip every later step), and the clean-step count still restarts at 0, as the kernel resets its
+growth tracker. The trajectory equals GradScaler's bit for bit, for any factors and any start
+that is positive and finite in fp32 (tests sweep them against ``torch.amp.GradScaler``).
+
 ``hysteresis = h > 1`` is DeepSpeed's ``DynamicLossScaler(delayed_shift=h)``: the first ``h−1``
 overflows only skip (the scale stays) and the ``h``-th backs off; the allowance refills when the
-scale next grows (or after every clean step with ``consecutive_hysteresis=True``). It tolerates
+scale next grows, i.e. when a growth interval completes (or after every clean step with
+``consecutive_hysteresis=True``). It tolerates
 rare spikes without halving the scale each time. With ``h = 1`` the trajectory equals
 GradScaler's (tests compare them step by step on the same run).
 
@@ -42,9 +53,21 @@ import torch.distributed as dist
 from dtlab.comm import Communicator
 
 
+def to_fp32(value: float) -> float:
+    """``value`` rounded to the nearest FP32 number (inf beyond FP32's range), as a Python float.
+
+    GradScaler's kernel computes ``scale * factor`` with a float scale and a double factor: the
+    product is taken in double and rounded once to float; this is that rounding."""
+    return torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
+
+
 @dataclass(frozen=True)
 class ScalerConfig:
-    """The knobs of dynamic loss scaling (defaults: ``torch.amp.GradScaler``'s)."""
+    """The knobs of dynamic loss scaling (defaults: ``torch.amp.GradScaler``'s).
+
+    ``init_scale`` is rounded to FP32 when the scaler starts, as GradScaler stores it; a start
+    that is 0 or inf in FP32 is refused (it would skip every step). ``min_scale`` (DeepSpeed's
+    floor, 0 = none as in GradScaler) applies after the fp32 backoff."""
 
     init_scale: float = 2.0**16
     growth_factor: float = 2.0
@@ -55,8 +78,12 @@ class ScalerConfig:
     min_scale: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.init_scale <= 0:
-            raise ValueError(f"init_scale {self.init_scale} must be positive, e.g. 2**16")
+        if not 0 < to_fp32(self.init_scale) < float("inf"):
+            raise ValueError(
+                f"init_scale {self.init_scale} must be positive and finite in FP32 (the scale "
+                "is an FP32 value, as in torch.amp.GradScaler): between 2**-149 and 2**127, "
+                "e.g. 2**16"
+            )
         if self.growth_factor <= 1 or not 0 < self.backoff_factor < 1:
             raise ValueError(
                 f"growth_factor {self.growth_factor} must be > 1 and backoff_factor "
@@ -79,21 +106,31 @@ class ScalerState:
 
     @classmethod
     def start(cls, config: ScalerConfig) -> ScalerState:
-        return cls(config.init_scale, 0, config.hysteresis)
+        return cls(to_fp32(config.init_scale), 0, config.hysteresis)
 
 
 def next_scale_state(state: ScalerState, found_inf: bool, config: ScalerConfig) -> ScalerState:
     """The update rule: back off on overflow (after the hysteresis allowance), grow after
-    ``growth_interval`` clean steps in a row."""
+    ``growth_interval`` clean steps in a row — in FP32, as ``torch._amp_update_scale_``:
+
+    * overflow: ``S ← fp32(S × backoff_factor)``, count ← 0;
+    * clean, count + 1 == ``growth_interval``: ``S ← fp32(S × growth_factor)`` only if that is
+      finite (else ``S`` stays), count ← 0 either way;
+    * clean otherwise: count ← count + 1.
+
+    ``state.clean_steps`` is GradScaler's growth tracker. With hysteresis, the allowance refills
+    whenever a growth interval completes, also when the growth is refused at FP32's ceiling (the
+    scale did not overflow for a whole interval, which is what the refill rewards)."""
     if found_inf:
         if state.hysteresis_left > 1:
             return replace(state, clean_steps=0, hysteresis_left=state.hysteresis_left - 1)
-        scale = max(state.scale * config.backoff_factor, config.min_scale)
+        scale = max(to_fp32(state.scale * config.backoff_factor), to_fp32(config.min_scale))
         return replace(state, scale=scale, clean_steps=0)
     clean = state.clean_steps + 1
     left = config.hysteresis if config.consecutive_hysteresis else state.hysteresis_left
     if clean == config.growth_interval:
-        return ScalerState(state.scale * config.growth_factor, 0, config.hysteresis)
+        grown = to_fp32(state.scale * config.growth_factor)
+        return ScalerState(grown if grown != float("inf") else state.scale, 0, config.hysteresis)
     return ScalerState(state.scale, clean, left)
 
 
@@ -140,6 +177,13 @@ def _local(g: torch.Tensor) -> torch.Tensor:
     """This rank's shard of ``g``: a DTensor's local tensor (it shares storage), else ``g``."""
     to_local = getattr(g, "to_local", None)
     return to_local() if callable(to_local) else g
+
+
+def _inverse_in_fp32(scale: float) -> float:
+    """``1/S`` as GradScaler takes it (``scale.double().reciprocal().float()``). A scale backed
+    off to 0, or below about 2⁻¹²⁸ (its inverse overflows FP32), gives inf: every gradient then
+    reads as overflowed, in GradScaler as here."""
+    return to_fp32(1.0 / scale) if scale != 0 else float("inf")
 
 
 def _default_device() -> torch.device:
@@ -196,11 +240,15 @@ class DynamicLossScaler:
                 "gradient shards are unscaled into fp32"
             )
         device = tensors[0].device if tensors else _default_device()
-        inv_scale = torch.full((), 1.0 / self.get_scale(), dtype=torch.float32, device=device)
+        inv_scale = torch.full(
+            (), _inverse_in_fp32(self.get_scale()), dtype=torch.float32, device=device
+        )
         local = torch.zeros(1, dtype=torch.float32, device=device)
         for g in tensors:
-            g.mul_(inv_scale.to(g.dtype))
+            # The check reads the gradient as backward left it, before the division, as
+            # GradScaler's kernel does: the overflow it looks for happened at scale S.
             local = torch.maximum(local, (~torch.isfinite(g)).any().float().reshape(1))
+            g.mul_(inv_scale.to(g.dtype))
         self._local_found_inf = bool(local.item())
         flag = local.clone()
         comm = self._comm()

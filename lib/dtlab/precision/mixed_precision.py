@@ -24,7 +24,7 @@ represent 1.0 + 2**-9).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,39 +33,63 @@ import torch
 class MixedPrecision:
     """Which dtype computes and communicates, and which dtype the optimizer keeps.
 
-    ZeRO-1/2 (:class:`~dtlab.parallel.ZeroOptimizer`) use ``param_dtype`` for the model and keep
-    ``master_dtype`` copies in the optimizer. FSDP (:class:`~dtlab.parallel.FullyShardedDataParallel`)
-    follows torch FSDP2's ``MixedPrecisionPolicy``: the sharded parameters keep their own dtype
-    (fp32: they *are* the masters, made from the original weights), each all-gather casts the shard
-    to ``param_dtype``, gradients are reduce-scattered in ``reduce_dtype`` (default: ``param_dtype``)
-    and land in the sharded parameter's dtype. ``cast_forward_inputs`` casts a unit's floating
-    inputs to ``param_dtype``; ``output_dtype`` casts its floating outputs (an fp32 norm inside a
-    bf16 block hands bf16 back to the block).
+    The first four fields are torch FSDP2's ``MixedPrecisionPolicy``, in its order and with its
+    defaults: **nothing is cast** unless asked (``MixedPrecision()`` trains in the parameters'
+    own dtype). For bf16 compute say so: ``MixedPrecision(torch.bfloat16)``.
+
+    * ``param_dtype``: the dtype forward and backward compute in and the all-gathers move
+      (``None``: the parameters' own dtype, no cast);
+    * ``reduce_dtype``: the dtype gradients are reduced in (``None``: ``param_dtype``, or the
+      parameters' own dtype when that is ``None`` too; :attr:`gradient_dtype`);
+    * ``output_dtype``: casts a unit's floating outputs (an fp32 norm inside a bf16 block hands
+      bf16 back to the block); ``None``: no cast;
+    * ``cast_forward_inputs``: casts a unit's floating inputs to ``param_dtype`` (nothing to do
+      when ``param_dtype`` is ``None``).
+
+    FSDP (:class:`~dtlab.parallel.FullyShardedDataParallel`) follows FSDP2: the sharded
+    parameters keep their own dtype (fp32: they *are* the masters, made from the original
+    weights), each all-gather casts the shard to ``param_dtype``, and gradients are
+    reduce-scattered in ``reduce_dtype`` and land in the sharded parameter's dtype.
+
+    ``master_dtype`` (keyword only) is dtlab's own, for ZeRO-1/2
+    (:class:`~dtlab.parallel.ZeroOptimizer`), whose model is not sharded: the model's parameters
+    become ``param_dtype`` views, gradients are reduce-scattered in that dtype, and the optimizer
+    keeps ``master_dtype`` copies (the other three fields need a wrapped model; ZeRO-1/2 reads
+    only ``param_dtype`` and ``master_dtype``). FSDP2 has no such field because its sharded
+    parameters are the masters; FSDP here ignores it for the same reason. With
+    ``param_dtype=None`` ZeRO-1/2 still keeps the copies (useful for a model that is already
+    bf16; for an fp32 model they only repeat the weights: pass ``mixed_precision=None``).
     """
 
-    param_dtype: torch.dtype = torch.bfloat16
-    master_dtype: torch.dtype = torch.float32
+    param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
+    master_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
 
     def __post_init__(self) -> None:
-        if not self.param_dtype.is_floating_point or not self.master_dtype.is_floating_point:
+        dtypes = (self.param_dtype, self.reduce_dtype, self.output_dtype, self.master_dtype)
+        if any(d is not None and not d.is_floating_point for d in dtypes):
             raise ValueError("mixed precision dtypes must be floating point, e.g. torch.bfloat16")
-        if torch.finfo(self.master_dtype).bits < torch.finfo(self.param_dtype).bits:
+        param_bits = torch.finfo(self.param_dtype).bits if self.param_dtype is not None else 0
+        if torch.finfo(self.master_dtype).bits < param_bits:
             raise ValueError(
                 f"master dtype {self.master_dtype} is narrower than compute dtype "
                 f"{self.param_dtype}; masters exist to be *more* precise (use torch.float32)"
             )
 
     @property
-    def gradient_dtype(self) -> torch.dtype:
-        """The dtype gradients are reduced in."""
+    def gradient_dtype(self) -> torch.dtype | None:
+        """The dtype gradients are reduced in (``None``: the parameters' own, as in FSDP2)."""
         return self.reduce_dtype or self.param_dtype
 
 
 def compute_dtype(mixed_precision: MixedPrecision | None, fallback: torch.dtype) -> torch.dtype:
-    return mixed_precision.param_dtype if mixed_precision is not None else fallback
+    """The dtype parameters compute in: the policy's ``param_dtype``, else ``fallback`` (their
+    own dtype) when there is no policy or it casts nothing."""
+    if mixed_precision is None or mixed_precision.param_dtype is None:
+        return fallback
+    return mixed_precision.param_dtype
 
 
 def norms_in_fp32(policy: MixedPrecision, norm_types: tuple[type, ...] = (torch.nn.LayerNorm,)):

@@ -93,10 +93,17 @@ def noticing_amp_kernels() -> Iterator[list[str]]:
 
 
 def expected_scaler_update(found_inf: bool, scale: float, clean: int, interval: int):
-    """The rule a correct answer follows: (skip, new_scale, new_clean_steps)."""
+    """The rule a correct answer follows: (skip, new_scale, new_clean_steps), in FP32 as
+    GradScaler's (:func:`~dtlab.precision.next_scale_state`: a growth past FP32's range is
+    refused). Halving and doubling the graded ``SCALE`` are exact, so Python floats pass."""
+    from dtlab.precision.loss_scaler import to_fp32
+
     if found_inf:
-        return True, scale * 0.5, 0
-    return (False, scale * 2.0, 0) if clean + 1 == interval else (False, scale, clean + 1)
+        return True, to_fp32(scale * 0.5), 0
+    if clean + 1 == interval:
+        grown = to_fp32(scale * 2.0)
+        return False, grown if grown != float("inf") else scale, 0
+    return False, scale, clean + 1
 
 
 def _scaler_on_rank(fn: Callable) -> dict:
