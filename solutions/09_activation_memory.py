@@ -18,6 +18,7 @@
 # 7. gradient accumulation: a global batch that does not fit, and what `no_sync` saves.
 
 # %%
+import contextlib
 import dataclasses
 import time
 
@@ -45,7 +46,7 @@ from dtlab.memory.formulas import (
 )
 from dtlab.mesh import Mesh
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
-from dtlab.parallel import BucketedDDP
+from dtlab.parallel import BucketedDDP, FullyShardedDataParallel
 from dtlab.parallel.accumulation import accumulate_gradients, split_batch
 from dtlab.parallel.activation_offload import OffloadActivations
 from dtlab.parallel.recompute import Recomputed, plain_attention_core, recompute_attention_core
@@ -593,10 +594,12 @@ dtlab.viz.timeline(
 # backward adding into `.grad`, one optimizer step at the end. Activations are those of one
 # micro-batch; the time is `K` forwards and backwards. Below, each rank measures the peak bytes
 # of one step at the full per-rank batch and at one micro-batch: say the device holds only the
-# latter. Then it runs the `K` micro-batches under our DDP with and without `no_sync()`: the
-# gradients must equal the big batch's (one process), and the bytes each rank sends are counted.
-# Look for: no_sync sending `1/K` of the bytes for the same gradient; the formula
-# (`dp_bytes_per_optimizer_step`) beside the count.
+# latter. Then it runs the `K` micro-batches under our DDP and under our FSDP, each with and
+# without `no_sync()`: the gradients must equal the big batch's (one process), the bytes each
+# rank sends are counted, and for FSDP so are the gradient bytes a rank holds between
+# micro-batches. Look for: DDP's no_sync sending `1/K` of the bytes for free; FSDP's no_sync
+# saving `K−1` reduce-scatters but holding a whole unsharded gradient (`Ψ·4` bytes instead of
+# `Ψ·4/N`); the formulas beside the counts.
 
 # %%
 K = 4
@@ -637,6 +640,20 @@ def accumulation_on_rank() -> dict:
         )
         out[no_sync] = {"bytes": step.comm_bytes, "seconds": seconds, "gap": gap}
     out["params"] = probe.num_params()
+    big = dict(reference.named_parameters())
+    for no_sync in (True, False):
+        fsdp = FullyShardedDataParallel(GPT(config, seed=0, device=device), collectives="dtlab")
+        held = 0
+        for i, (x, y) in enumerate(micro):
+            skip = no_sync and i < K - 1
+            with fsdp.no_sync() if skip else contextlib.nullcontext():
+                (loss_fn(fsdp(x), y) / K).backward()
+            held = max(held, fsdp.held_bytes()["grads"])  # between micro-batches
+        sent = fsdp.comm_stats.bytes_sent  # before full_gradients(), which all-gathers too
+        grads = fsdp.full_gradients()
+        gap = max((g.to(device) - big[n].grad).abs().max().item() for n, g in grads.items())
+        out["fsdp", no_sync] = {"bytes": sent, "held": held, "gap": gap}
+    out["fsdp_params"] = sum(u.seg.padded_numel for u in fsdp.units)  # padded to split by N
     return out
 
 
@@ -653,14 +670,30 @@ for no_sync in (True, False):
         f"(formula {formula:,.0f}), {r['seconds'] * 1e3:6.1f} ms, "
         f"max |grad − big batch| {r['gap']:.1e}"
     )
+psi = acc["fsdp_params"]
+for no_sync in (True, False):
+    r = acc["fsdp", no_sync]
+    collectives = 2 * K + 1 if no_sync else 3 * K  # 2 all-gathers per micro-batch + the RS
+    print(
+        f"FSDP no_sync={no_sync!s:<5}: sent {r['bytes']:>10,.0f} B "
+        f"(formula {collectives}·(N−1)/N·Ψ·4 = {collectives * (N - 1) / N * psi * 4:,.0f}), "
+        f"gradients held {r['held']:>8,} B (formula {psi * 4 // (1 if no_sync else N):,}), "
+        f"max |grad − big batch| {r['gap']:.1e}"
+    )
 
 # %% [markdown]
 # The counted bytes equal the formula, `2(N−1)/N·Ψ·4` per all-reduce (this model's parameter
 # count divides evenly). The gradient gap is float32 rounding: `K` partial sums of scaled means
-# against one mean. ZeRO-2 and FSDP cannot skip the reduction: they free the full gradient
-# after each backward (that is the memory they save), so each micro-batch reduce-scatters, and
-# FSDP also re-gathers the parameters for every micro-batch. A pipeline's micro-batches are
-# accumulation already (lab 05): DP reduces once after the flush.
+# against one mean. For DDP, `no_sync` is free: it holds the full gradient anyway. For ZeRO-2
+# and FSDP, skipping the reduction is a trade, not an impossibility. Reduce-scatter every
+# micro-batch and a rank keeps only its `Ψ/N` gradient shard (the memory they exist to save), at
+# `K` reduce-scatters per step; or skip it, as torch's FSDP `no_sync()`, FSDP2's
+# `set_requires_gradient_sync(False)` and our `FullyShardedDataParallel.no_sync()` do, and each
+# rank holds a whole unsharded gradient until the last micro-batch reduces once. The all-gathers
+# are not saved either way: FSDP re-gathers the parameters for every micro-batch's forward and
+# backward. ZeRO-2's version of the same trade is ZeRO-1 (full `.grad`, reduced at `step()`).
+# Pick skipping when the full gradient fits and bandwidth is the bottleneck. A pipeline's
+# micro-batches are accumulation already (lab 05): DP reduces once after the flush.
 
 # %% [markdown]
 # ## 9. Check yourself <a id="quiz"></a>

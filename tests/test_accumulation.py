@@ -1,7 +1,9 @@
 """Gradient accumulation: K micro-batches equal one K·b batch; no_sync saves K-1 reductions.
 
 Single process and on two real ranks under our DDP (with and without ``no_sync``, bytes counted
-by dtlab's rings), ZeRO-2 and ZeRO-3/FSDP (which must reduce-scatter every micro-batch).
+by dtlab's rings), ZeRO-2 (which reduce-scatters every micro-batch to keep only its gradient
+shard) and ZeRO-3/FSDP, with and without its ``no_sync`` (one reduce-scatter per step, paid for
+with a full unsharded gradient held per rank).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def test_bad_arguments_are_refused():
     tokens, targets = _global_batch()
     with pytest.raises(ValueError, match="divisor of 16"):
         split_batch(tokens, targets, 3)
-    with pytest.raises(ValueError, match="no_sync=False"):
+    with pytest.raises(ValueError, match=r"no_sync=False(.|\n)*stage=1"):
         accumulate_gradients(GPT(CONFIG), split_batch(tokens, targets, 2), loss_fn)
     with pytest.raises(ValueError, match="at least one"):
         accumulate_gradients(GPT(CONFIG), [], loss_fn, no_sync=False)
@@ -83,8 +85,6 @@ def _data_parallel_accumulation() -> dict:
     zero2_bytes, zero2_calls = zero2.comm_stats.bytes_sent, zero2.comm_stats.calls
     zero2_grads = zero2.full_gradients(model)
     fsdp = FullyShardedDataParallel(GPT(CONFIG, seed=0), collectives="dtlab")
-    with pytest.raises(ValueError, match="no_sync=False"):
-        accumulate_gradients(fsdp, micro, loss_fn)
     fsdp_step = accumulate_gradients(fsdp, micro, loss_fn, no_sync=False)
     fsdp_grads = fsdp.full_gradients()
     fsdp_single = FullyShardedDataParallel(GPT(CONFIG, seed=0), collectives="dtlab")
@@ -110,13 +110,58 @@ def test_data_parallel_accumulation_matches_and_no_sync_moves_one_kth(cluster2):
         assert max(r["errors"]) < ACCUMULATION_TOLERANCE, r["errors"]
         assert r["no_sync"] == (r["one_reduction"], 1)
         assert r["sync_every"] == (K * r["one_reduction"], K)
-        # ZeRO-2 cannot skip: one reduce-scatter per segment per micro-batch.
+        # ZeRO-2 keeps only its shard: one reduce-scatter per segment per micro-batch.
         assert r["zero2_bytes"] > 0
         assert r["zero2_reduce_scatters"] == K * r["zero2_segments"]
         assert r["no_sync"][0] == r["ddp_formula"]  # 2(N-1)/N·Ψ·4 bytes: one all-reduce
-        assert r["fsdp_sync"] == K  # ZeRO-3 reduce-scatters (and re-gathers) every micro-batch
+        assert r["fsdp_sync"] == K  # without no_sync: a reduce-scatter every micro-batch
         fsdp_accumulated, fsdp_one_batch = r["fsdp_bytes"]
         assert fsdp_accumulated == K * fsdp_one_batch > 0  # gathers + reduce-scatter, K times
+
+
+def _fsdp_no_sync_accumulation() -> dict:
+    import contextlib
+
+    rank, world = dtlab.rank(), dtlab.world_size()
+    micro = split_batch(*shard_for_rank(_global_batch(), rank, world), K)
+    fsdp = FullyShardedDataParallel(GPT(CONFIG, seed=0), collectives="dtlab")
+    held = []
+    for i, (x, y) in enumerate(micro):
+        last = i == K - 1
+        with contextlib.nullcontext() if last else fsdp.no_sync():
+            (loss_fn(fsdp(x), y) / K).backward()
+        held.append((fsdp.unsynced_gradient_bytes(), fsdp.held_bytes()["grads"]))
+    by_hand = fsdp.comm_stats.bytes_sent
+    padded = sum(u.seg.padded_numel for u in fsdp.units)  # every trained parameter is sharded
+
+    again = FullyShardedDataParallel(GPT(CONFIG, seed=0), collectives="dtlab")
+    step = accumulate_gradients(again, micro, loss_fn)  # no_sync=True: every backward but the last
+    replicated_norms = FullyShardedDataParallel(
+        GPT(CONFIG, seed=0), shard=lambda name, _p: "norm" not in name
+    )  # replicas keep their full gradient too and all-reduce it once
+    accumulate_gradients(replicated_norms, micro, loss_fn)
+    return {
+        "held": held,
+        "full_gradient_bytes": padded * 4,
+        "sent": (by_hand, step.comm_bytes),
+        # K·2 all-gathers (forward and backward of every micro-batch) + 1 reduce-scatter.
+        "formula": (2 * K + 1) * (world - 1) / world * padded * 4,
+        "synced_backwards": step.synced_backwards,
+        "errors": [
+            max_abs_difference(fsdp.full_gradients(), _big_batch_grads()),
+            max_abs_difference(again.full_gradients(), _big_batch_grads()),
+            max_abs_difference(replicated_norms.full_gradients(), _big_batch_grads()),
+        ],
+    }
+
+
+def test_fsdp_no_sync_reduces_once_and_holds_a_full_gradient_meanwhile(cluster2):
+    for r in cluster2.run(_fsdp_no_sync_accumulation):
+        assert max(r["errors"]) < ACCUMULATION_TOLERANCE, r["errors"]
+        full, shard = r["full_gradient_bytes"], r["full_gradient_bytes"] // 2
+        assert r["held"] == [(full, full)] * (K - 1) + [(0, shard)], r  # counted as gradients
+        assert r["sent"][0] == r["sent"][1] == r["formula"], r
+        assert r["synced_backwards"] == 1
 
 
 def _pipeline_micro_batches_on_rank(m: int) -> dict:

@@ -48,7 +48,7 @@ def _every_wrapper_on_cuda() -> dict:
         model = GPT(config, seed=0).to(device)
         opt = ZeroOptimizer(
             model.parameters(), torch.optim.AdamW, stage=stage,
-            mixed_precision=MixedPrecision(), offload=stage == 2, lr=1e-3,
+            mixed_precision=MixedPrecision(torch.bfloat16), offload=stage == 2, lr=1e-3,
         )  # fmt: skip
         model.to(torch.bfloat16)
         loss_fn(model(x), y).backward()
@@ -59,7 +59,7 @@ def _every_wrapper_on_cuda() -> dict:
     norms = [m for b in model.blocks for m in (b.attn_norm, b.mlp_norm)]
     fsdp = FullyShardedDataParallel(
         model, units=list(model.blocks) + norms,
-        mixed_precision=norms_in_fp32(MixedPrecision()),
+        mixed_precision=norms_in_fp32(MixedPrecision(torch.bfloat16)),
     )  # fmt: skip
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
     loss_fn(fsdp(x), y).backward()
@@ -118,3 +118,60 @@ def test_full_size_lab_configs_build_on_the_gpu():
     with dtlab.Cluster(1, device="cuda") as cluster:
         sizes = cluster.run(_full_size_lab_configs_build)[0]
     assert sizes["small"] > 1_000_000
+
+
+def _self_checkpointing_blocks_under_fsdp_on_cuda() -> dict:
+    from torch.utils.checkpoint import checkpoint
+
+    from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
+    from dtlab.parallel import FullyShardedDataParallel
+
+    device = dtlab.device()
+    config = GPTConfig.tiny(dropout=0.0)
+    x, y = (t.to(device) for t in SyntheticTokens(config, 1, 4)[0])
+
+    def checkpoint_own_body(block) -> None:
+        body = block.forward
+
+        def forward(*args, **kwargs):
+            return checkpoint(body, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward
+
+    def model_with_self_checkpointing_blocks():
+        model = GPT(config, seed=0).to(device)
+        for block in model.blocks:
+            checkpoint_own_body(block)
+        return model
+
+    reference = model_with_self_checkpointing_blocks()
+    loss_fn(reference(x), y).backward()
+    model = model_with_self_checkpointing_blocks()
+    fsdp = FullyShardedDataParallel(model, units=list(model.blocks))
+    with fsdp.no_sync():  # two half-weighted micro-batches: one reduce-scatter at the end
+        (loss_fn(fsdp(x), y) / 2).backward()
+    unsynced = fsdp.unsynced_gradient_bytes()
+    (loss_fn(fsdp(x), y) / 2).backward()
+    grads = fsdp.full_gradients()
+    return {
+        "gap": max(
+            (grads[n].float().cpu() - p.grad.float().cpu()).abs().max().item()
+            for n, p in reference.named_parameters()
+        ),
+        "unsynced_bytes": unsynced,
+        "after_sync": fsdp.unsynced_gradient_bytes(),
+        "params": sum(u.seg.padded_numel for u in fsdp.units),
+        "shards_on_cuda": all(u.shard.is_cuda for u in fsdp.units),
+    }
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_gathers_for_a_block_that_checkpoints_its_own_body_on_nccl():
+    """The recompute inside the block's forward reads gathered parameters (a 1-rank shard is
+    1-D too, so the old code failed here with 'mat2 must be a matrix'); no_sync keeps one full
+    fp32 gradient on the device until the synchronising backward."""
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(_self_checkpointing_blocks_under_fsdp_on_cuda)[0]
+    assert r["gap"] < 1e-4, r
+    assert r["unsynced_bytes"] == 4 * r["params"] and r["after_sync"] == 0, r
+    assert r["shards_on_cuda"]

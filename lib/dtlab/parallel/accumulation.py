@@ -6,24 +6,37 @@ K-th backward ``.grad`` is the big batch's mean-loss gradient (exactly in real a
 floating point up to the order of the sums) and the optimizer steps once. Memory: activations of
 one micro-batch at a time; time: K forwards and backwards in sequence.
 
-**What the data-parallel wrappers do with the K backwards** (Ψ gradient elements, N ranks):
+**What the data-parallel wrappers do with the K backwards** (Ψ gradient elements of ``b``
+bytes, N ranks). Skipping a reduction is never free: the gradient that is not reduced must be
+kept *whole* until it is, so each row trades bytes sent against gradient memory held.
 
-==================  ==============================  =========================================
-wrapper             per optimizer step              why
-==================  ==============================  =========================================
-DDP + ``no_sync``   1 all-reduce (2(N-1)/N·Ψ)       ``.grad`` sums locally; the last backward
-                                                    averages the sum (Li et al. 2020, §3.2.4)
-DDP, no no_sync     K all-reduces (K× the bytes)     the same update, K-1 reductions wasted
-ZeRO-2              K reduce-scatters               the full gradient is freed after each
-                                                    backward; only the Ψ/N shard accumulates
-ZeRO-3 / FSDP       K reduce-scatters + K·2         parameters are re-gathered for every
-                    all-gathers                     micro-batch's forward and backward
-==================  ==============================  =========================================
+=======================  ===============================  ===================================
+wrapper                  sent per optimizer step          gradient held between micro-batches
+=======================  ===============================  ===================================
+DDP + ``no_sync``        1 all-reduce (2(N-1)/N·Ψb)       full Ψ (DDP holds it anyway); the last
+                                                          backward averages the sum (Li et al.
+                                                          2020, §3.2.4)
+DDP, no no_sync          K all-reduces (K× the bytes)     full Ψ; K-1 reductions wasted
+ZeRO-1                   1 reduce-scatter, then 1        full Ψ, reduced once at ``step()``
+                         all-gather of the parameters
+ZeRO-2                   K reduce-scatters                the Ψ/N shard only: each backward
+                                                          reduces and frees the full gradient
+ZeRO-3 / FSDP            K reduce-scatters + 2K           the Ψ/N shard only; parameters are
+                         all-gathers                      re-gathered for every micro-batch's
+                                                          forward and backward
+FSDP + ``no_sync``       1 reduce-scatter + 2K            full Ψ (in the reduce dtype) *on top
+                         all-gathers                      of* the shards
+=======================  ===============================  ===================================
 
-ZeRO-2/3 *must* reduce each micro-batch: skipping it would mean keeping the full Ψ gradient,
-which is the memory stage 2 exists to save (torch's FSDP ``no_sync`` does exactly that). In a
-pipeline the micro-batches are the accumulation (:mod:`dtlab.parallel.pipeline.execute` scales
-each loss by ``1/m``), and DP reduces once after the flush.
+So ZeRO-2 and FSDP *can* skip the per-micro-batch reduce-scatter, at the price of a full
+unsharded gradient per rank — the memory they exist to save. torch's FSDP1 ``no_sync()`` and
+FSDP2's ``set_requires_gradient_sync(False)`` offer exactly that; dtlab's
+:meth:`~dtlab.parallel.FullyShardedDataParallel.no_sync` does the same. For ZeRO-2 the same trade
+is ZeRO stage 1 (``ZeroOptimizer(stage=1)`` keeps ``.grad`` whole and reduces at ``step()``), so
+dtlab's stage 2 offers no ``no_sync`` of its own. Which to pick: reduce every micro-batch when
+the full gradient does not fit, skip when it fits and bandwidth is the bottleneck. In a pipeline
+the micro-batches are the accumulation (:mod:`dtlab.parallel.pipeline.execute` scales each loss
+by ``1/m``), and DP reduces once after the flush.
 """
 
 from __future__ import annotations
@@ -66,8 +79,9 @@ def accumulate_gradients(
     """Forward and backward every ``(inputs, targets)`` micro-batch, each loss scaled by ``1/K``.
 
     Leaves the accumulated gradient in ``.grad`` (the caller zeroes before and steps after). With
-    ``no_sync`` (default) every backward but the last runs inside ``model.no_sync()``, so a DDP
-    wrapper reduces once; ``model`` without ``no_sync`` (a plain module, ZeRO-3/FSDP) needs
+    ``no_sync`` (default) every backward but the last runs inside ``model.no_sync()``, so DDP
+    and FSDP reduce once (FSDP holding a full gradient meanwhile, see the module docstring);
+    ``model`` without ``no_sync`` (a plain module, e.g. under a ZeRO-1/2 optimizer) needs
     ``no_sync=False``. ``comm_bytes`` is the change in ``model.comm_stats.bytes_sent`` (0 when
     the model counts nothing).
     """
@@ -77,8 +91,11 @@ def accumulate_gradients(
         raise ValueError("accumulate_gradients needs at least one micro-batch")
     if no_sync and not hasattr(model, "no_sync"):
         raise ValueError(
-            f"{type(model).__name__} has no no_sync(): pass no_sync=False (ZeRO-2/3 and FSDP "
-            "reduce-scatter every micro-batch by design; a plain module needs no sync)"
+            f"{type(model).__name__} has no no_sync(): pass no_sync=False. A plain module "
+            "reduces nothing in backward; under ZeroOptimizer(stage=2) each micro-batch "
+            "reduce-scatters so only the Ψ/N gradient shard is kept, and reducing once per step "
+            "instead means keeping the full gradient, which is ZeroOptimizer(stage=1). DDP and "
+            "FullyShardedDataParallel have no_sync() (FSDP's holds a full gradient per rank)."
         )
     before = _stats_bytes(model)
     losses, synced = [], 0

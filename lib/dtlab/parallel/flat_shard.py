@@ -61,20 +61,37 @@ class FlatSegment:
         for p, view in zip(self.params, self.views(flat), strict=True):
             p.data = view
 
+    def take_gradients(
+        self, dtype: torch.dtype, device: torch.device, carried: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The parameters' ``.grad`` (``None`` = zeros) as one padded flat tensor, plus
+        ``carried`` (a full gradient kept from earlier unreduced backwards); frees the ``.grad``."""
+        full = self.flatten([p.grad for p in self.params], dtype, device)
+        if carried is not None:
+            full.add_(carried)
+        for p in self.params:
+            p.grad = None
+        return full
+
     def reduce_scatter_gradients(
-        self, comm, dtype: torch.dtype, device: torch.device, name: str, async_op: bool = False
+        self,
+        comm,
+        dtype: torch.dtype,
+        device: torch.device,
+        name: str,
+        async_op: bool = False,
+        carried: torch.Tensor | None = None,
     ) -> tuple[object, torch.Tensor]:
-        """Flatten the parameters' ``.grad`` (``None`` = zeros), reduce-scatter the sum so this rank
-        receives chunk r in a new ``shard``, and free the full gradients.
+        """Flatten the parameters' ``.grad`` (plus ``carried``, see :meth:`take_gradients`),
+        reduce-scatter the sum so this rank receives chunk r in a new ``shard``, and free the full
+        gradients.
 
         Returns ``(pending, shard)``: ``pending.wait()`` (when not ``None``) before reading
         ``shard``; it still holds the *sum* over ranks. Shared by ZeRO-2 and ZeRO-3.
         """
-        full = self.flatten([p.grad for p in self.params], dtype, device)
+        full = self.take_gradients(dtype, device, carried)
         shard = torch.empty(self.shard_numel, dtype=dtype, device=device)
         pending = comm.reduce_scatter(shard, full, name=name, async_op=async_op)
-        for p in self.params:
-            p.grad = None
         return pending, shard
 
     def free_params(self) -> None:

@@ -16,7 +16,10 @@ freed together. It holds two kinds of trainable parameter:
   and its gradient is all-reduced and averaged, exactly like DDP.
 
 After backward, every registered parameter's ``.grad`` is its part of the averaged gradient
-(sharded: the slice of the reduce-scattered shard; replicated: the all-reduced tensor).
+(sharded: the slice of the reduce-scattered shard; replicated: the all-reduced tensor). A
+backward that does not synchronise (the wrapper's ``no_sync()``) reduces nothing: the unit adds
+its full gradients into ``unsynced`` (one padded flat tensor per kind, in the reduce dtype: a
+whole unsharded gradient held per rank) and the next synchronising backward reduces their sum.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from torch import nn
 from dtlab.comm import PendingCollective, nbytes
 from dtlab.parallel.ddp_common import DataParallelComm
 from dtlab.parallel.flat_shard import FlatSegment
-from dtlab.precision.mixed_precision import MixedPrecision
+from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
 Slot = tuple[nn.Module, str]
 
@@ -51,12 +54,13 @@ class FSDPUnit:
         self.seg = FlatSegment(self.params, rank, comm.world_size)
         first = (self.params or [p for p, _ in replicated] or [None])[0]
         self.master_dtype = first.dtype if first is not None else torch.float32
-        self.compute_dtype = policy.param_dtype if policy is not None else self.master_dtype
-        self.reduce_dtype = policy.gradient_dtype if policy is not None else self.compute_dtype
+        self.compute_dtype = compute_dtype(policy, self.master_dtype)
+        self.reduce_dtype = (policy and policy.gradient_dtype) or self.compute_dtype
         self.gathered = False
         self.reduced = False
         self.prefetch: PendingCollective | None = None
         self.pending: list[tuple[PendingCollective | None, torch.Tensor, str]] = []
+        self.unsynced: dict[str, torch.Tensor] = {}  # kind -> full gradient not yet reduced
         self.flat = torch.empty(0)
         self.shard = torch.empty(0)
         self.replicated = [p for p, _ in replicated]
@@ -128,23 +132,35 @@ class FSDPUnit:
         self.missing = len(self.params) + len(self.replicated_compute)
 
     @torch.no_grad()
-    def launch_reduction(self) -> None:
+    def launch_reduction(self, sync: bool = True) -> None:
         """Reduce-scatter the sharded gradients, all-reduce the replicated ones (asynchronously),
-        then free the full gradients and the gathered parameters."""
+        then free the full gradients and the gathered parameters.
+
+        With ``sync=False`` nothing is sent: the full gradients are added into ``unsynced``
+        instead, and the next ``sync=True`` call reduces them together with its own.
+        """
+        device = self.flat.device
         if self.params:
-            work, shard = self.seg.reduce_scatter_gradients(
-                self.comm, self.reduce_dtype, self.flat.device,
-                name=f"unit[{self.index}].grad_rs", async_op=True,
-            )  # fmt: skip
-            self.pending.append((work, shard, "sharded"))
+            carried = self.unsynced.pop("sharded", None)
+            if sync:
+                work, shard = self.seg.reduce_scatter_gradients(
+                    self.comm, self.reduce_dtype, device,
+                    name=f"unit[{self.index}].grad_rs", async_op=True, carried=carried,
+                )  # fmt: skip
+                self.pending.append((work, shard, "sharded"))
+            else:
+                self.unsynced["sharded"] = self.seg.take_gradients(
+                    self.reduce_dtype, device, carried
+                )
         if self.replicated_compute:
             rep = FlatSegment(self.replicated_compute, 0, 1)
-            grads = [p.grad for p in self.replicated_compute]
-            flat = rep.flatten(grads, self.reduce_dtype, self.replicated[0].device)
-            work = self.comm.all_reduce(flat, name=f"unit[{self.index}].grad_ar", async_op=True)
-            self.pending.append((work, flat, "replicated"))
-            for p in self.replicated_compute:
-                p.grad = None
+            carried = self.unsynced.pop("replicated", None)
+            flat = rep.take_gradients(self.reduce_dtype, self.replicated[0].device, carried)
+            if sync:
+                work = self.comm.all_reduce(flat, name=f"unit[{self.index}].grad_ar", async_op=True)
+                self.pending.append((work, flat, "replicated"))
+            else:
+                self.unsynced["replicated"] = flat
         self.reduced = True
         self.free()
 

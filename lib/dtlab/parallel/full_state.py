@@ -91,9 +91,10 @@ def held_by_category(fsdp, optimizer: torch.optim.Optimizer | None) -> dict:
     """What a ZeRO-3 rank holds now, measured from its tensors.
 
     ``params`` are the shards (fp32: they double as master weights) plus replicas plus any
-    gathered unit; ``grads`` the registered gradients (shards and replicas); ``optimizer_state``
-    the optimizer's per-element state. ``by_device`` splits the same bytes by the device that
-    really holds each storage.
+    gathered unit; ``grads`` the registered gradients (shards and replicas) plus any full
+    gradient kept for a later reduction under ``no_sync()``; ``optimizer_state`` the optimizer's
+    per-element state. ``by_device`` splits the same bytes by the device that really holds each
+    storage.
     """
     by_device: dict[str, int] = {}
 
@@ -109,6 +110,7 @@ def held_by_category(fsdp, optimizer: torch.optim.Optimizer | None) -> dict:
         params += sum(count(p) for p in distinct.values())
         registered = unit.shard_params + unit.replicated
         grads += sum(count(p.grad) for p in registered if p.grad is not None)
+        grads += sum(count(t) for t in unit.unsynced.values())  # kept whole under no_sync()
     state = 0
     if optimizer is not None:
         state = state_tensor_bytes(optimizer)

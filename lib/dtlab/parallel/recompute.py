@@ -11,8 +11,10 @@ backward first opens a ticket, the region runs again on those inputs — on the 
 dropout draws the same masks — and every tensor it saves is filed under its ticket; each ticket
 is handed out once and dropped. This is the non-reentrant design of ``torch.utils.checkpoint``:
 gradients flow through the *original* graph into the real parameters, so DDP's gradient hooks,
-FSDP's per-unit gather (a unit re-run in backward is re-gathered by its own forward hook) and
-tensor parallelism's collectives behave as without recomputation — the recompute of a TP block
+FSDP's per-unit gather (a unit's gathered parameters are registered from the moment backward
+reaches its output, so a region re-run in backward — a whole unit, or a body a block recomputes
+from inside its own ``forward`` — reads them whole, with no extra all-gather) and tensor
+parallelism's collectives behave as without recomputation — the recompute of a TP block
 re-runs its forward collectives, which is why full recomputation costs communication too.
 
 What moves where, per layer, for the lab GPT (:mod:`dtlab.memory.activation_families`):

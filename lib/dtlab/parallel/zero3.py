@@ -18,7 +18,11 @@ where:
 
 Per step that is 3·(N-1)/N·Ψ·b = 1.5× the 2·(N-1)/N·Ψ·b of one DDP all-reduce, in exchange for
 holding 16Ψ/N bytes instead of 16Ψ (mixed-precision Adam). Every unit, the root included, is
-re-gathered for backward, so the 1.5× holds exactly.
+re-gathered for backward, so the 1.5× holds exactly — with activation checkpointing too: a
+recompute runs inside that backward gather and costs no extra all-gather (FSDP2's
+``fully_shard`` gathers a checkpointed block exactly as often: once in forward, once in
+backward). Gradient accumulation under :meth:`FullyShardedDataParallel.no_sync` trades the
+per-micro-batch reduce-scatter for a full unsharded gradient held per rank (see there).
 
 It drops into an ordinary training loop, as torch's ``fully_shard`` does::
 
@@ -31,19 +35,26 @@ It drops into an ordinary training loop, as torch's ``fully_shard`` does::
 The module's registered parameters are therefore views of this rank's shard (FSDP1's
 ``use_orig_params`` layout; FSDP2 registers DTensor shards for the same reason), and their
 ``.grad`` after backward is this rank's slice of the averaged gradient (:meth:`full_gradients`
-gathers whole ones). Each unit has a state — idle, forward, or backward — so a unit re-run inside
-backward by ``torch.utils.checkpoint`` keeps its gathered parameters instead of freeing them.
+gathers whole ones). While backward runs, a unit keeps its gathered parameters registered from
+the moment the gradient reaches its output until its gradients are reduced, so both kinds of
+activation checkpointing re-run it on whole parameters: ``checkpoint(block, x)`` from outside
+(the re-run passes through the unit's forward hooks, which gather nothing new and free nothing)
+and a block that checkpoints its own body inside ``forward`` (the Hugging Face style: the body
+re-runs without any hook of the unit, reading whatever its modules hold). FSDP2 does the same:
+its pre-backward hook unshards the group and registers the unsharded parameters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
+from dtlab.comm import nbytes
 from dtlab.parallel.ddp_common import (
     DataParallelComm,
     broadcast_module_state,
@@ -104,6 +115,7 @@ class FullyShardedDataParallel(nn.Module):
             for p in unit.params + unit.replicated_compute:
                 p.register_post_accumulate_grad_hook(lambda p, u=unit: self._on_gradient(u))
         self._in_backward = False
+        self._sync = True
 
     @property
     def comm_stats(self) -> CommStats:
@@ -141,11 +153,11 @@ class FullyShardedDataParallel(nn.Module):
         return cast_inputs(args, unit.policy)
 
     def _after_forward(self, unit: FSDPUnit, output):
-        unit.register(sharded=True)
         if unit.policy is not None and unit.policy.output_dtype is not None:
             output = cast_inputs(output, unit.policy, unit.policy.output_dtype)
-        if self._in_backward:  # recomputed by activation checkpointing: backward needs it
-            return output
+        if self._in_backward:  # re-run by activation checkpointing: a checkpoint *inside* the
+            return output  # unit may still re-run its body, so the gathered params stay in
+        unit.register(sharded=True)
         unit.free()
         if torch.is_grad_enabled():
             for t in tensors_in(output):
@@ -159,13 +171,19 @@ class FullyShardedDataParallel(nn.Module):
             queue_end_of_backward(self.finish_gradient_synchronization)
         if not unit.reduced:
             self._gather(unit)
+            # A block that checkpoints its own body (``checkpoint(self._body, x)`` inside
+            # ``forward``) re-runs the body during this backward without passing through the
+            # unit's forward hooks: it reads whatever the modules hold, so they must hold the
+            # gathered parameters from here until the unit's gradients are reduced.
+            unit.register(sharded=False)
             self._prefetch(len(self.units) - 1 if unit.index == 0 else unit.index - 1)
         return grad
 
     def _on_gradient(self, unit: FSDPUnit) -> None:
         unit.missing -= 1
         if unit.missing == 0:
-            unit.launch_reduction()
+            unit.launch_reduction(sync=self._sync)
+            unit.register(sharded=True)
 
     def finish_gradient_synchronization(self) -> None:
         """End of backward: reduce units whose parameters got no gradient (zeros), wait for
@@ -176,12 +194,37 @@ class FullyShardedDataParallel(nn.Module):
             unit.wait_prefetch()  # a prefetch nobody used: finish it before freeing
             if not unit.reduced:
                 self._gather(unit)
-                unit.launch_reduction()
+                unit.launch_reduction(sync=self._sync)
         for unit in self.units:
             unit.finish_reduction()
             unit.free()
             unit.register(sharded=True)
         self._in_backward = False
+
+    # -- gradient accumulation without reducing ------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside this context reduce nothing; the first one outside reduces them all.
+
+        Each unit keeps its *full* gradient (padded Ψ_k elements in the reduce dtype) between
+        the micro-batches, adds every later backward's into it, and the next synchronising
+        backward reduce-scatters the sum once: K micro-batches send one reduce-scatter instead of
+        K, but every rank holds a whole unsharded gradient (Ψ·b bytes, :meth:`unsynced_gradient_bytes`)
+        on top of its shards — the memory ZeRO-2/3 exist to save. The all-gathers are not saved:
+        every micro-batch still gathers each unit for forward and backward. torch's FSDP1
+        ``no_sync()`` and FSDP2's ``set_requires_gradient_sync(False)`` make the same trade.
+        Step the optimizer only after the synchronising backward (the registered ``.grad`` are
+        untouched until then).
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def unsynced_gradient_bytes(self) -> int:
+        """Bytes of full gradients this rank holds for a later reduction (0 outside no_sync)."""
+        return sum(nbytes(t) for u in self.units for t in u.unsynced.values())
 
     # -- gradients, clipping and accounting ----------------------------------------------------
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
