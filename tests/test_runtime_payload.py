@@ -68,3 +68,21 @@ def test_a_rank_sees_the_learners_file_and_line(cluster2):
 
     files = list(cluster2.run(where_is_my_code, outer))
     assert files == [("/home/learner/cell_3.py", 2)] * 2
+
+
+def test_a_function_using_dist_and_reading_an_attribute_named_config_can_be_sent(cluster2):
+    """cloudpickle lists ``torch.distributed.config`` among such a function's submodules (its
+    code names ``config``); that module is an instance of a ModuleType subclass, which cloudpickle
+    alone cannot pickle."""
+    namespace = {"__name__": "learner_cell_not_importable"}
+    source = (
+        "import torch.distributed as dist\n"
+        "def rank_and_width(model):\n"
+        "    return dist.get_rank(), model.config\n"
+    )
+    exec(compile(source, "/home/learner/cell_9.py", "exec"), namespace)
+
+    class Model:
+        config = 64
+
+    assert list(cluster2.run(namespace["rank_and_width"], Model())) == [(0, 64), (1, 64)]

@@ -13,14 +13,18 @@ report into ``(<dynamic-code>:80)``. So dtlab does not leave code objects to it.
 own format for code, which keeps the file name, the first line, the line table and every nested
 code object (a closure defined inside the function) exactly. Driver and ranks run the same
 interpreter (the ranks are started from ``sys.executable``), so the marshal format always
-matches. Everything else (globals, closures' cells, classes) is still cloudpickle's.
+matches. Everything else (globals, closures' cells, classes) is still cloudpickle's, except
+importable modules of a ``ModuleType`` subclass (torch's config modules), which cloudpickle
+cannot pickle and which travel by name.
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import marshal
 import pickle
+import sys
 import types
 
 import cloudpickle
@@ -30,12 +34,27 @@ def _code_from_marshal(data: bytes) -> types.CodeType:
     return marshal.loads(data)
 
 
+def _imported_module(name: str) -> types.ModuleType:
+    return importlib.import_module(name)
+
+
 class _SourceKeepingPickler(cloudpickle.Pickler):
-    """cloudpickle's pickler, except that code objects keep their file and lines."""
+    """cloudpickle's pickler, except that code objects keep their file and lines, and an
+    importable module of a ``types.ModuleType`` subclass travels by name."""
 
     def reducer_override(self, obj):
         if type(obj) is types.CodeType:
             return _code_from_marshal, (marshal.dumps(obj),)
+        if (
+            isinstance(obj, types.ModuleType)
+            and type(obj) is not types.ModuleType
+            and sys.modules.get(obj.__name__) is obj
+        ):
+            # torch's config modules (torch.distributed.config, torch._dynamo.config) are
+            # instances of a subclass of ModuleType. cloudpickle reduces plain modules only, so
+            # a function that uses ``dist`` and reads any attribute named ``config`` failed
+            # with "cannot pickle 'ConfigModuleInstance'": send it by name, as an import.
+            return _imported_module, (obj.__name__,)
         return super().reducer_override(obj)
 
 
