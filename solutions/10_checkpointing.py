@@ -15,7 +15,8 @@
 # 7. a corrupted shard caught by its checksum;
 # 8. how often to save: goodput vs interval on a simulated failure trace;
 # 9. in-job recovery: replicas keep training while one is replaced (killed before a step, or in
-#    the middle of its all-reduce), and a bit flip caught.
+#    the middle of its all-reduce); silent data corruption: a bit flip in one replica's copy
+#    caught, a compute error that the same check cannot see, and the check that sees it.
 
 # %%
 import dataclasses
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import torch
+import torch.distributed as dist
 
 import dtlab
 import dtlab.viz
@@ -49,6 +51,7 @@ from dtlab.faults import (
     Fault,
     JobSpec,
     ReplicaSpec,
+    compare_gradients,
     compare_replicas,
     failure_trace,
     flip_bit,
@@ -57,9 +60,10 @@ from dtlab.faults import (
     run_with_recovery,
     train_replicas,
     train_with_checkpoints,
+    wrong_output,
 )
 from dtlab.files import write_atomic
-from dtlab.models import GPT, GPTConfig
+from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -340,7 +344,9 @@ ask("fault_tolerance.elastic")
 # only for a **snapshot**: a copy of each shard into host memory (pinned when the shard is on a
 # GPU). A background thread then writes the snapshot and commits while the next steps run.
 # Training may then change its weights freely, because the writer only reads the snapshot, and a
-# new save waits for the previous write. Look for the `checkpoint_write` bars (kind *other*)
+# new save waits for the previous write. `saver.save(...)` returns a handle, as DCP's
+# `async_save` returns a future: `handle.result()` blocks until the checkpoint is committed (and
+# re-raises the write's error). Look for the `checkpoint_write` bars (kind *other*)
 # running beside the next `train_step` bars, and the short `checkpoint_snapshot` (memcpy) before
 # them.
 
@@ -395,6 +401,23 @@ older = load(
     step=steps[-2],
 )
 print(f"the previous checkpoint (step {older.step}) still loads")
+
+# %% [markdown]
+# The bytes that say where every piece is are sealed too: `metadata.json` carries a CRC-32 of
+# its own body, so a flipped bit anywhere in it is an error, even one that still parses. Without
+# the seal, a flip of the saved world size would load silently, and a resume would then skip
+# restoring the RNG states (it restores them only on the same number of ranks). Look for an
+# error naming `metadata.json`.
+
+# %%
+sealed = final_dir(broken, steps[-2]) / "metadata.json"
+text = sealed.read_bytes()
+at = text.index(b'"world_size": ') + len(b'"world_size": ')
+sealed.write_bytes(text[:at] + bytes([text[at] ^ 0x04]) + text[at + 1 :])  # 2 -> 6, or 4 -> 0
+try:
+    load(broken, replicated_state(GPT(CONFIG, seed=5)), step=steps[-2])
+except CheckpointError as error:
+    print("refused:", error)
 
 # %%
 ask("checkpointing.safe_latest")
@@ -513,11 +536,13 @@ ask("fault_tolerance.in_job_recovery")
 # %% [markdown]
 # ### Silent data corruption <a id="sdc"></a>
 #
-# Some failures raise no error. A flipped bit in memory or in an arithmetic unit just produces a
-# wrong number, and training goes on. Data parallelism gives a free check: after every step all
-# replicas hold bit-identical parameters, so a CRC per parameter compared across replicas exposes
-# a replica that differs. We plant a bit flip on rank `N−1`. With three or more replicas the
-# majority names it; with two the check can only say *which parameter* disagrees.
+# Some failures raise no error. A flipped bit in memory, or an arithmetic unit that returns a
+# wrong number, just produces a wrong value, and training goes on. Data parallelism offers a
+# cheap check: after every step all replicas hold bit-identical parameters, so a CRC per
+# parameter, compared across replicas (`compare_replicas`: a few bytes per parameter gathered),
+# exposes a replica whose **own copy** differs. We flip a bit of rank `N−1`'s copy, as a memory
+# error after the last collective would. With three or more replicas the majority names the
+# rank; with two the check can say only *which parameter* disagrees, not which copy is wrong.
 
 
 # %%
@@ -529,6 +554,74 @@ def corrupt_and_check(bad_rank: int) -> list[str]:
 
 
 print(cluster.run(corrupt_and_check, N - 1)[0])
+
+# %% [markdown]
+# Now the failure the checksum **cannot** see: a compute error. Rank `N−1`'s first MLP returns a
+# wrong number (`wrong_output` flips one bit of its output, as a faulty arithmetic unit would),
+# so its backward pass computes a wrong gradient. Then the usual data-parallel step runs:
+# all-reduce the gradients, average, step. The all-reduce averages the wrong gradient into
+# *every* replica, so all of them take the same wrong step and stay bit-identical. Under ZeRO or
+# FSDP even a wrong optimizer update of one rank's shard is all-gathered to every rank. The
+# function below runs one such step (with `same_batch`, every rank gets the whole batch instead
+# of its slice: used in the next cell).
+
+
+# %%
+def data_parallel_step(bad_rank: int | None, same_batch: bool) -> dict:
+    tiny = GPTConfig.tiny()
+    m = GPT(tiny, seed=0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    if dtlab.rank() == bad_rank:
+        wrong_output(m.blocks[0].mlp.fc_in, index=7, bit=22)  # this rank computes wrongly
+    batch = SyntheticTokens(tiny, 1, 4 * dtlab.world_size(), seed=0)[0]
+    x, y = batch if same_batch else shard_for_rank(batch, dtlab.rank(), dtlab.world_size())
+    loss_fn(m(x), y).backward()
+    gradients = [str(d) for d in compare_gradients(m)]  # before the all-reduce
+    for p in m.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dtlab.world_size()
+    opt.step()
+    return {
+        "gradients": gradients,
+        "replicas": [str(d) for d in compare_replicas(m)],  # after the step
+        "weights": {k: v.detach().clone() for k, v in m.state_dict().items()},
+    }
+
+
+# %% [markdown]
+# A clean step and the same step with rank `N−1` computing wrongly. Look for: no parameter
+# disagreement after the wrong step, every replica equal to rank 0 — and every replica's
+# weights off the clean run's.
+
+# %%
+clean = cluster.run(data_parallel_step, None, False)
+wrong = cluster.run(data_parallel_step, N - 1, False)
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+print(f"parameter checksum disagreements after the wrong step: {wrong[0]['replicas']}")
+for r in range(N):
+    print(
+        f"rank {r}: differs from rank 0 by {largest_difference(wrong[r]['weights'], wrong[0]['weights'])}, "
+        f"from the clean run by {largest_difference(wrong[r]['weights'], clean[r]['weights']):.2e}"
+    )
+
+# %% [markdown]
+# What does see a compute error is a check of arithmetic, not of copies. On a step where every
+# replica computes the **same** batch (a replayed or "canary" batch), the gradients must be
+# bit-identical *before* the all-reduce, and `compare_gradients` compares them. It is meaningless
+# on ordinary steps, where each rank's data, and so its gradient, differ by design; and it needs
+# deterministic kernels. With `N = 2` it again says only that the ranks disagree. Replaying a
+# step on another device, and alarms on loss or gradient-norm spikes, are the other tools. Look
+# for: the gradients downstream of the wrong number flagged, and the rank named when `N ≥ 3`.
+
+# %%
+canary = cluster.run(data_parallel_step, N - 1, True)[0]
+print(f"same-batch step: {len(canary['gradients'])} gradients differ before the all-reduce")
+print(" ", canary["gradients"][0])
 
 # %%
 ask("fault_tolerance.sdc_vote")

@@ -1,5 +1,6 @@
-"""Sharded checkpoints on real ranks: resharding across layouts, async saves, bad inputs, and
-side-by-side parity with torch.distributed.checkpoint from a ``fully_shard`` model."""
+"""Sharded checkpoints on real ranks: resharding across layouts, async saves and their handles,
+plain state dicts, bad inputs, and side-by-side parity with torch.distributed.checkpoint from a
+``fully_shard`` model."""
 
 import threading
 
@@ -501,3 +502,110 @@ def test_our_checkpoint_loads_into_a_torch_fully_shard_model(cluster, tmp_path):
     for rank, out in enumerate(cluster.run(_ours_into_theirs, str(tmp_path))):
         assert out["mismatched"] == [], f"rank {rank}: {out['mismatched']}"
         assert out["steps"] == {2.0}
+
+
+def _ddp_replica(seed=0, steps=2):
+    """A data-parallel replica: same model, optimizer and gradient on every rank (the gradient
+    all-reduced, as DDP does), so its plain state dicts are identical across ranks."""
+    import torch.distributed as dist
+
+    from dtlab.models import SyntheticTokens, loss_fn, shard_for_rank
+
+    model = GPT(CONFIG, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in SyntheticTokens(CONFIG, steps, 4, seed=seed):
+        x, y = shard_for_rank((x, y), dtlab.rank(), dtlab.world_size())
+        loss_fn(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dtlab.world_size()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _plain_round_trip(root):
+    from dtlab.checkpoint import save
+
+    model, opt = _ddp_replica()
+    save(root, 2, {"model": model.state_dict(), "optim": opt.state_dict()})
+    meta = read_metadata(final_dir(root, 2))
+    fresh = GPT(CONFIG, seed=9)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)
+    target = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    load(root, target)
+    fresh.load_state_dict(target["model"])
+    fresh_opt.load_state_dict(target["optim"])
+    want, got = opt.state_dict(), fresh_opt.state_dict()
+    return {
+        "writers": {e["file"] for t in meta["tensors"].values() for e in t["pieces"]},
+        "model": all(
+            torch.equal(got_p, p)
+            for got_p, p in zip(fresh.parameters(), model.parameters(), strict=True)
+        ),
+        "groups": got["param_groups"] == want["param_groups"],
+        "optim": all(
+            torch.equal(got["state"][i][k], v)
+            for i, s in want["state"].items()
+            for k, v in s.items()
+        ),
+        "slots": len(got["state"]),
+    }
+
+
+def test_plain_state_dicts_on_two_ranks_are_written_once_and_load_bit_for_bit_on_each(
+    cluster, tmp_path
+):
+    out = cluster.run(_plain_round_trip, str(tmp_path))
+    n_params = len(list(GPT(CONFIG, seed=0).parameters()))
+    for r, o in enumerate(out):
+        assert o["writers"] == {"rank_0.bin"}, "a plain tensor is replicated: rank 0 writes it"
+        assert o["model"] and o["groups"] and o["optim"] and o["slots"] == n_params, (r, o)
+
+
+def _plain_copies_differ(root):
+    """The documented rule: a plain tensor is replicated, so rank 0's copy is the saved one."""
+    from dtlab.checkpoint import save
+
+    mine = torch.full((3,), float(dtlab.rank()))
+    save(root, 1, {"t": mine})
+    target = {"t": torch.empty(3)}
+    load(root, target)
+    return target["t"].tolist()
+
+
+def test_a_plain_tensor_that_differs_across_ranks_loads_as_rank_0s_copy(cluster, tmp_path):
+    assert cluster.run(_plain_copies_differ, str(tmp_path)) == [[0.0] * 3, [0.0] * 3]
+
+
+def _async_handle(root, fail_rank):
+    from dtlab.checkpoint import AsyncCheckpointer, complete_checkpoints
+
+    fsdp, opt = _train_fsdp(steps=1)
+    saver = AsyncCheckpointer(root, commit_timeout_s=3.0)
+    handle = saver.save(1, fsdp_state(fsdp, opt), {"rank": dtlab.rank()})
+    path = handle.result()  # no barrier: the handle alone says the commit is on disk
+    seen = complete_checkpoints(root)
+    target = prepare_optimizer_state(fsdp_state(fsdp, opt), fsdp.module, opt, read_metadata(path))
+    loaded = load(root, target, 1).extra
+
+    def refuse():
+        if dtlab.rank() == fail_rank:
+            raise OSError(28, "No space left on device")
+
+    failed = saver.save(2, fsdp_state(fsdp, opt), before_flag=refuse)
+    try:
+        failed.result()
+        error = None
+    except (OSError, CheckpointError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"path": str(path), "seen": seen, "loaded": loaded, "error": error}
+
+
+def test_every_rank_s_async_handle_returns_only_once_the_checkpoint_is_committed(cluster, tmp_path):
+    out = cluster.run(_async_handle, str(tmp_path), 1)
+    for r, o in enumerate(out):
+        assert o["path"] == str(final_dir(tmp_path, 1)) and o["seen"] == [1]
+        assert o["loaded"] == {"rank": r}
+    assert out[1]["error"] == "OSError: [Errno 28] No space left on device"
+    assert "CheckpointError: ranks [1] did not finish writing" in out[0]["error"]

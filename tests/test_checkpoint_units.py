@@ -1,12 +1,16 @@
-"""Single-process checks of the checkpoint pieces: boxes, rank files, the commit protocol."""
+"""Single-process checks of the checkpoint pieces: boxes, rank files, the commit protocol, the
+sealed metadata, plain state dicts and the async save's handle."""
 
 import json
+import threading
 
 import pytest
 import torch
 
 from dtlab.checkpoint import (
+    AsyncCheckpointer,
     CheckpointError,
+    CheckpointNotFound,
     complete_checkpoints,
     copy_overlap,
     flat_range,
@@ -18,6 +22,7 @@ from dtlab.checkpoint import (
     whole,
 )
 from dtlab.checkpoint.commit import begin, final_dir
+from dtlab.checkpoint.metadata import unsealed
 from dtlab.checkpoint.slices import flat_indices
 from dtlab.checkpoint.storage import read_piece, write_pieces
 
@@ -128,3 +133,162 @@ def test_a_failed_load_leaves_the_model_untouched(tmp_path):
     with pytest.raises(CheckpointError, match=r"rank_0.bin is corrupted: tensor 'model/1.bias'"):
         load(tmp_path, replicated_state(target))
     assert all(torch.equal(p, q) for p, q in zip(target.parameters(), before, strict=True))
+
+
+def _trained_plain(seed=0):
+    """A tiny model and AdamW after one step, as plain ``state_dict()`` s would save them."""
+    torch.manual_seed(seed)
+    model = _model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.8, 0.95))
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _saved_plain(root, step=1):
+    model, opt = _trained_plain()
+    save(root, step, {"model": model.state_dict(), "optim": opt.state_dict()}, {"pos": step})
+    return model, opt
+
+
+def _flipped(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_every_single_bit_flip_of_metadata_json_is_an_error_naming_it(tmp_path):
+    """All bits through the check ``load`` runs first (in memory: seconds); every 61st bit, and
+    every bit of the ``step`` and ``world_size`` values (the flips that used to load silently),
+    through ``load`` itself on the file."""
+    _saved_plain(tmp_path, step=3)
+    path = final_dir(tmp_path, 3) / "metadata.json"
+    good = path.read_bytes()
+    for bit in range(8 * len(good)):
+        with pytest.raises(CheckpointError, match="metadata.json is corrupted"):
+            unsealed(_flipped(good, bit), path)
+    values = [good.index(b'"step": 3') + 8, good.index(b'"world_size": 1') + 14]
+    assert [good[i : i + 1] for i in values] == [b"3", b"1"]
+    through_load = {*range(0, 8 * len(good), 61), *(8 * i + b for i in values for b in range(8))}
+    for bit in sorted(through_load):
+        path.write_bytes(_flipped(good, bit))
+        with pytest.raises(CheckpointError, match=r"metadata.json is corrupted"):
+            load(tmp_path, {"model": _model(1).state_dict()})
+    path.write_bytes(good)
+    assert load(tmp_path, {"model": _model(1).state_dict()}).step == 3
+
+
+def test_metadata_saved_before_the_seal_still_loads_and_a_respaced_one_is_refused(tmp_path):
+    """A format-1 checkpoint (bare JSON, no CRC) written by an older dtlab loads as before."""
+    a = _model(0)
+    save(tmp_path, 1, replicated_state(a), {"pos": 1})
+    path = final_dir(tmp_path, 1) / "metadata.json"
+    meta = read_metadata(final_dir(tmp_path, 1))
+    old = {"format": 1, **{k: meta[k] for k in ("step", "world_size", "tensors", "extras")}}
+    path.write_text(json.dumps(old))  # exactly what the old commit wrote
+    target = _model(5)
+    assert load(tmp_path, replicated_state(target)).extra == {"pos": 1}
+    assert all(torch.equal(p, q) for p, q in zip(target.parameters(), a.parameters(), strict=True))
+    path.write_text(json.dumps(old).replace('"step": 1,', '"step":  1,'))
+    with pytest.raises(CheckpointError, match="metadata.json is corrupted"):
+        load(tmp_path, replicated_state(target))
+
+
+def test_a_missing_or_empty_directory_is_checkpoint_not_found_naming_it(tmp_path):
+    missing, empty = tmp_path / "never_saved", tmp_path / "empty"
+    empty.mkdir()
+    for root, what in ((missing, "does not exist"), (empty, "holds no complete checkpoint")):
+        with pytest.raises(FileNotFoundError, match=f"{root} {what}") as caught:
+            load(root, replicated_state(_model(0)))
+        assert isinstance(caught.value, CheckpointNotFound)
+        assert isinstance(caught.value, CheckpointError)
+    save(tmp_path / "one", 1, replicated_state(_model(0)))
+    with pytest.raises(CheckpointNotFound, match="no checkpoint for step 9 .* is step 1"):
+        load(tmp_path / "one", replicated_state(_model(0)), step=9)
+
+
+def test_a_plain_model_and_optimizer_state_dict_round_trip_bit_for_bit(tmp_path):
+    model, opt = _saved_plain(tmp_path)
+    fresh = _model(7)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)  # no state yet, other lr
+    target = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    assert target["optim"]["state"] == {}
+    result = load(tmp_path, target)
+    fresh.load_state_dict(target["model"])
+    fresh_opt.load_state_dict(target["optim"])
+    assert result.extra == {"pos": 1}
+    for p, q in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    want, got = opt.state_dict(), fresh_opt.state_dict()
+    assert got["param_groups"] == want["param_groups"]  # lr 1e-2, betas (0.8, 0.95) restored
+    assert set(got["state"]) == set(want["state"]) == {0, 1, 2, 3}
+    for index, slots in want["state"].items():
+        for key, value in slots.items():
+            assert torch.equal(got["state"][index][key], value), (index, key)
+    x = torch.randn(3, 4)  # the next step is the same step
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        o.zero_grad()
+        m(x).sum().backward()
+        o.step()
+    assert all(
+        torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_a_plain_target_stays_untouched_when_a_piece_fails_its_crc(tmp_path):
+    _saved_plain(tmp_path)
+    rank_file = final_dir(tmp_path, 1) / "rank_0.bin"
+    data = bytearray(rank_file.read_bytes())
+    data[-1] ^= 0x01  # the pickled structure of the optimizer: the last piece rank 0 writes
+    rank_file.write_bytes(bytes(data))
+    fresh, fresh_opt = _model(7), torch.optim.AdamW(_model(7).parameters())
+    target = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    before = {k: v.clone() for k, v in target["model"].items()}
+    with pytest.raises(CheckpointError, match=r"rank_0.bin is corrupted: tensor '__objects__'"):
+        load(tmp_path, target)
+    assert target["optim"]["state"] == {}
+    assert all(torch.equal(v, before[k]) for k, v in target["model"].items())
+
+
+def test_a_plain_model_missing_a_saved_parameter_is_refused(tmp_path):
+    _saved_plain(tmp_path)
+    smaller = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    with pytest.raises(CheckpointError, match=r"holds tensor 'model/1.weight' that the model"):
+        load(tmp_path, {"model": smaller.state_dict()})
+
+
+def test_async_save_returns_a_handle_that_blocks_until_the_checkpoint_is_committed(tmp_path):
+    model, opt = _trained_plain()
+    release = threading.Event()
+    saver = AsyncCheckpointer(tmp_path)
+    handle = saver.save(
+        4, {"model": model.state_dict(), "optim": opt.state_dict()}, {"pos": 4}, release.wait
+    )
+    assert not handle.done() and saver.busy
+    with pytest.raises(TimeoutError, match="step 4 is still being written"):
+        handle.result(timeout=0.05)
+    assert complete_checkpoints(tmp_path) == []
+    release.set()
+    assert handle.result() == final_dir(tmp_path, 4) == handle.wait()
+    assert handle.done() and not saver.busy and complete_checkpoints(tmp_path) == [4]
+    fresh = _model(9)
+    assert load(tmp_path, {"model": fresh.state_dict()}).extra == {"pos": 4}
+    assert all(
+        torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_a_failing_async_write_surfaces_through_the_handle_and_commits_nothing(tmp_path):
+    def disk_full():
+        raise OSError(28, "No space left on device")
+
+    saver = AsyncCheckpointer(tmp_path)
+    handle = saver.save(2, replicated_state(_model(0)), before_flag=disk_full)
+    for _ in range(2):  # every call re-raises, as a future's result() does
+        with pytest.raises(OSError, match="No space left"):
+            handle.result()
+    assert handle.done() and complete_checkpoints(tmp_path) == []
+    with pytest.raises(OSError, match="No space left"):
+        saver.wait()
+    saver.wait()  # reported once by the checkpointer; the next save may go ahead
+    assert saver.save(3, replicated_state(_model(0))).result() == final_dir(tmp_path, 3)

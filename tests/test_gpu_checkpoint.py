@@ -97,3 +97,52 @@ def test_the_fault_tolerant_job_resumes_on_cuda_tensors(tmp_path):
     # CUDA's embedding backward accumulates with atomics: equal up to rounding, not bitwise.
     for name, value in reference["params"].items():
         torch.testing.assert_close(resumed["params"][name], value, rtol=1e-4, atol=1e-5)
+
+
+def _plain_cuda_state_dicts_async(root: str) -> dict:
+    """A CUDA model and AdamW saved as plain ``state_dict()`` s through the async handle; loaded
+    into a fresh CUDA model and optimizer right after ``handle.result()``."""
+    from dtlab.checkpoint import AsyncCheckpointer, complete_checkpoints, load
+    from dtlab.checkpoint.commit import final_dir
+    from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
+
+    device = dtlab.device()
+    config = GPTConfig.tiny()
+    model = GPT(config, seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = (t.to(device) for t in SyntheticTokens(config, 1, 4)[0])
+    loss_fn(model(x), y).backward()
+    opt.step()
+    handle = AsyncCheckpointer(root).save(
+        1, {"model": model.state_dict(), "optim": opt.state_dict()}
+    )
+    path = handle.result()
+    committed = path == final_dir(root, 1) and complete_checkpoints(root) == [1] and handle.done()
+    fresh = GPT(config, seed=9).to(device)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)
+    target = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    load(root, target)
+    fresh.load_state_dict(target["model"])
+    fresh_opt.load_state_dict(target["optim"])
+    want, got = opt.state_dict(), fresh_opt.state_dict()
+    return {
+        "committed": committed,
+        "model": all(
+            torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True)
+        ),
+        "model_on_cuda": all(p.is_cuda for p in fresh.parameters()),
+        "groups": got["param_groups"] == want["param_groups"],
+        "optim": all(
+            torch.equal(got["state"][i][k].cpu(), v.cpu())
+            for i, slots in want["state"].items()
+            for k, v in slots.items()
+        ),
+        "moments_on_cuda": all(s["exp_avg"].is_cuda for s in got["state"].values()),
+    }
+
+
+@pytest.mark.timeout(300)
+def test_plain_cuda_state_dicts_save_async_and_load_bit_for_bit_once_the_handle_returns(tmp_path):
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(_plain_cuda_state_dicts_async, str(tmp_path))[0]
+    assert r == {k: True for k in r}, r

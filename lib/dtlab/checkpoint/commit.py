@@ -4,7 +4,7 @@ Layout under a checkpoint root::
 
     root/.step_00000040.<job>.partial/   being written: OWNER, rank_0.bin, rank_0.json, ...
     root/step_00000040/                  renamed once every rank file is on disk
-        metadata.json                    global shape, dtype and pieces of every tensor
+        metadata.json                    global shape, dtype and pieces of every tensor, CRC-sealed
         rank_0.bin, rank_1.bin, ...      each rank's own bytes (see storage.py)
         COMPLETE                         written last: its presence is the commit
 
@@ -27,7 +27,8 @@ import socket
 import time
 from pathlib import Path
 
-from dtlab.checkpoint.storage import CheckpointError
+from dtlab.checkpoint.metadata import NAME, sealed
+from dtlab.checkpoint.storage import CheckpointError, CheckpointNotFound
 from dtlab.files import _fsync_folder, write_atomic
 
 MARKER = "COMPLETE"
@@ -99,11 +100,25 @@ def wait_for_ranks(temp: Path, world_size: int, timeout_s: float) -> list[list[d
 
 
 def commit(temp: Path, final: Path, metadata: dict) -> Path:
-    """Rank 0: write ``metadata.json``, rename the directory, then write ``COMPLETE`` last."""
-    write_atomic(temp / "metadata.json", json.dumps(metadata))
+    """Rank 0: write ``metadata.json`` (sealed by its CRC-32, :mod:`~.metadata`), rename the
+    directory, then write ``COMPLETE`` last."""
+    write_atomic(temp / NAME, sealed(metadata))
     os.rename(temp, final)
     _fsync_folder(final.parent)
     write_atomic(final / MARKER, json.dumps({"step": metadata["step"], "time": time.time()}))
+    return final
+
+
+def wait_for_commit(final: Path, timeout_s: float) -> Path:
+    """Any rank: block until rank 0 has committed ``final`` (its ``COMPLETE`` exists)."""
+    deadline = time.monotonic() + timeout_s
+    while not (final / MARKER).exists():
+        if time.monotonic() > deadline:
+            raise CheckpointError(
+                f"rank 0 did not commit {final} within {timeout_s:.0f} s (no {MARKER}); its own "
+                "error says why, and the previous complete checkpoint is still the newest"
+            )
+        time.sleep(0.005)
     return final
 
 
@@ -125,7 +140,8 @@ def checked_dir(root: str | Path, step: int | None) -> Path:
     steps = complete_checkpoints(root)
     if step is None:
         if not steps:
-            raise CheckpointError(f"no complete checkpoint under {root}; save one first")
+            what = "does not exist" if not Path(root).is_dir() else "holds no complete checkpoint"
+            raise CheckpointNotFound(f"checkpoint directory {root} {what}; save one first")
         return final_dir(Path(root), steps[-1])
     if step in steps:
         return final_dir(Path(root), step)
@@ -138,4 +154,4 @@ def checked_dir(root: str | Path, step: int | None) -> Path:
             f"checkpoint step {step} at {where} is incomplete (no {MARKER} marker): being "
             f"written by {owner or 'a job that died'}; {newest}"
         )
-    raise CheckpointError(f"no checkpoint for step {step} under {root}; {newest}")
+    raise CheckpointNotFound(f"no checkpoint for step {step} under {root}; {newest}")

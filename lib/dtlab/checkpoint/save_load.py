@@ -1,6 +1,8 @@
 """Save and load a sharded checkpoint: every rank writes only its pieces, reads only what it needs.
 
-``save(root, step, state, extra)`` — called by every rank with its :class:`~.state.ShardedState`:
+``save(root, step, state, extra)`` — called by every rank with its :class:`~.state.ShardedState`,
+or with a plain ``{"model": model.state_dict(), "optim": opt.state_dict()}`` (:mod:`~.plain`:
+its tensors are replicated, written by rank 0):
 
 1. rank 0 opens the temporary directory (:func:`~.commit.begin`) and tells every rank its name
    (one small broadcast; the only collective of a save);
@@ -10,7 +12,8 @@
 3. rank 0 commits once every rank is done (:func:`~.commit.commit`).
 
 ``load(root, state)`` fills every piece of ``state`` in place. For each wanted piece it consults
-``metadata.json`` for the stored pieces whose boxes overlap it (:func:`plan_reads`), reads exactly
+``metadata.json`` (verified first: its CRC-32, :mod:`~.metadata`) for the stored pieces whose
+boxes overlap it (:func:`plan_reads`), reads exactly
 those byte ranges, verifies their CRC-32 and copies the overlap — so a checkpoint saved by FSDP on
 4 ranks loads into FSDP on 2, into tensor parallel, or into one process, and a rank reads only
 the bytes its slices need (``LoadResult.bytes_read`` counts them).
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +31,15 @@ import torch
 import torch.distributed as dist
 
 from dtlab.checkpoint.commit import begin, checked_dir, commit, final_dir, wait_for_ranks
+from dtlab.checkpoint.metadata import NAME, read_metadata
+from dtlab.checkpoint.plain import OBJECTS, flatten, load_targets
 from dtlab.checkpoint.slices import Box, copy_overlap, overlaps
 from dtlab.checkpoint.state import ShardedState
 from dtlab.checkpoint.storage import CheckpointError, pickled, read_piece, unpickled, write_pieces
 from dtlab.files import write_atomic
 
 EXTRA = "__extra__"
+SPECIAL = (EXTRA, OBJECTS)  # pickled pieces that are not tensors of the state
 
 
 def _rank_world() -> tuple[int, int]:
@@ -71,20 +77,23 @@ def write_rank(
     extra,
     before_flag: Callable[[], None] | None = None,
     extra_is_pickled: bool = False,
+    objects: torch.Tensor | None = None,
 ) -> None:
     """Write ``rank_r.bin`` (fsync'd), then ``rank_r.json`` (atomic): this rank is done.
 
     ``before_flag`` runs between the two (fault injection kills a rank there: "during a save").
     ``extra`` is any picklable object (``extra_is_pickled``: already :func:`~.storage.pickled`,
-    as an async save does during its snapshot).
+    as an async save does during its snapshot). ``objects``: a plain state dict's pickled
+    structure (:mod:`~.plain`), written by rank 0 only.
     """
     frozen = extra if extra_is_pickled else pickled(extra)
-    entries = write_pieces(temp / f"rank_{rank}.bin", [*pieces, (EXTRA, frozen)])
+    more = [(OBJECTS, objects)] if objects is not None and rank == 0 else []
+    entries = write_pieces(temp / f"rank_{rank}.bin", [*pieces, (EXTRA, frozen), *more])
     if before_flag is not None:
         before_flag()
     for e in entries:
         e["file"] = f"rank_{rank}.bin"
-        if e["name"] != EXTRA:
+        if e["name"] not in SPECIAL:
             box, dtype = boxes[e["name"]]
             e["box"], e["global_shape"], e["tensor_dtype"] = box.as_json(), box.global_shape, dtype
     write_atomic(temp / f"rank_{rank}.json", json.dumps(entries))
@@ -94,17 +103,23 @@ def finish_save(temp: Path, step: int, world: int, timeout_s: float = 300.0) -> 
     """Rank 0: wait for every rank's flag, then merge the metadata and commit."""
     tensors: dict[str, dict] = {}
     extras: dict[str, dict] = {}
+    objects: dict | None = None
     for r, entries in enumerate(wait_for_ranks(temp, world, timeout_s)):
         for e in entries:
             if e["name"] == EXTRA:
                 extras[str(r)] = e
+                continue
+            if e["name"] == OBJECTS:
+                objects = e
                 continue
             t = tensors.setdefault(
                 e["name"],
                 {"global_shape": e["global_shape"], "dtype": e["tensor_dtype"], "pieces": []},
             )
             t["pieces"].append(e)
-    meta = {"format": 1, "step": step, "world_size": world, "tensors": tensors, "extras": extras}
+    meta = {"step": step, "world_size": world, "tensors": tensors, "extras": extras}
+    if objects is not None:
+        meta["objects"] = objects
     return commit(temp, final_dir(temp.parent, step), meta)
 
 
@@ -115,14 +130,28 @@ def boxes_of(state: ShardedState) -> dict[str, tuple[Box, str]]:
 def save(
     root: str | Path,
     step: int,
-    state: ShardedState,
+    state: ShardedState | Mapping,
     extra=None,
     before_flag: Callable[[], None] | None = None,
 ) -> Path:
-    """Every rank: write this rank's pieces and ``extra``; return once the checkpoint is committed."""
+    """Every rank: write this rank's pieces and ``extra``; return once the checkpoint is committed.
+
+    ``state``: a :class:`~.state.ShardedState`, or a plain (nested) state dict (:mod:`~.plain`).
+    """
     rank, world = _rank_world()
+    state, structure = flatten(state)
+    objects = None if structure is None else pickled(structure)
     temp = start_save(root, step)
-    write_rank(temp, rank, pieces_to_write(state, rank), boxes_of(state), extra, before_flag)
+    write_rank(
+        temp,
+        rank,
+        pieces_to_write(state, rank),
+        boxes_of(state),
+        extra,
+        before_flag,
+        False,
+        objects,
+    )
     final = finish_save(temp, step, world) if rank == 0 else final_dir(Path(root), step)
     if world > 1:
         dist.barrier()
@@ -149,19 +178,15 @@ def plan_reads(metadata: dict, name: str, want: Box) -> list[dict]:
     ]
 
 
-def read_metadata(path: Path) -> dict:
-    try:
-        return json.loads((path / "metadata.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path / 'metadata.json'} is unreadable: {exc}") from exc
-
-
-def load(root: str | Path, state: ShardedState, step: int | None = None) -> LoadResult:
+def load(root: str | Path, state: ShardedState | Mapping, step: int | None = None) -> LoadResult:
     """Fill ``state`` in place from the newest complete checkpoint (or ``step``'s).
 
-    Two phases: every needed piece is read, CRC-checked and assembled into a staging copy
-    first, and only when all of them are whole are the live tensors overwritten — so a failed
-    load raises :class:`CheckpointError` and leaves ``state`` untouched.
+    ``state``: a :class:`~.state.ShardedState`, or a plain (nested) state dict, which also
+    receives the optimizer state and other values it lacked (:mod:`~.plain`). Two phases: the
+    metadata's CRC-32 is checked, every needed piece is read, CRC-checked and assembled into a
+    staging copy, and only when all of them are whole are the live tensors overwritten — so a
+    failed load raises :class:`CheckpointError` (:class:`~.storage.CheckpointNotFound` when
+    there is no checkpoint) and leaves ``state`` untouched.
     """
     rank, _ = _rank_world()
     path = checked_dir(root, step)
@@ -178,10 +203,14 @@ def load(root: str | Path, state: ShardedState, step: int | None = None) -> Load
             bytes_read += e["nbytes"]
         return cache[key]
 
+    def saved_structure() -> dict | None:  # a plain state dict's saved structure, if any
+        return unpickled(fetch(meta["objects"])) if "objects" in meta else None
+
+    state, put_into_target = load_targets(state, meta, saved_structure)
     for name in meta["tensors"]:
         if name.startswith("model/") and name not in state:
             raise CheckpointError(
-                f"{path / 'metadata.json'} holds tensor {name!r} that the model you load into "
+                f"{path / NAME} holds tensor {name!r} that the model you load into "
                 "lacks; build the model with the configuration it was saved with"
             )
     for name, local in state.items():
@@ -211,5 +240,6 @@ def load(root: str | Path, state: ShardedState, step: int | None = None) -> Load
         extra = unpickled(read_piece(path / extra_entry["file"], extra_entry))
     for name, stage in staged.items():  # every piece verified: now overwrite the live tensors
         state[name].tensor.copy_(stage)
+    put_into_target()
     total = sum(e["nbytes"] for t in meta["tensors"].values() for e in t["pieces"])
     return LoadResult(meta["step"], extra, saved_world, bytes_read, total, path)

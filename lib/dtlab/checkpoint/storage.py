@@ -32,6 +32,13 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be trusted or does not fit; the message names file and tensor."""
 
 
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+    """No (complete) checkpoint where one was asked for: a missing or empty directory, or no
+    checkpoint of the requested step. Both a :class:`CheckpointError` and a
+    :class:`FileNotFoundError`, so ``except FileNotFoundError`` (what a missing file raises
+    elsewhere) catches it too; the message names the directory."""
+
+
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """The raw little-endian bytes of ``t`` (any dtype, bfloat16 included), row-major."""
     flat = t.detach().reshape(-1).contiguous().cpu()

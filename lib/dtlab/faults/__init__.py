@@ -6,7 +6,8 @@
   (elastic: on fewer ranks).
 * :mod:`~dtlab.faults.quorum` and :mod:`~dtlab.faults.replicas` — in-job recovery: replicas
   keep stepping while one is replaced from a healthy peer (torchft's idea).
-* :mod:`~dtlab.faults.sdc` — silent-data-corruption check across data-parallel replicas.
+* :mod:`~dtlab.faults.sdc` — silent data corruption: the cross-replica parameter checksum (sees a
+  corrupted copy, not a compute error), the same-batch gradient check, planted bit flips.
 * :mod:`~dtlab.faults.goodput` — goodput vs checkpoint interval on a simulated failure trace.
 """
 
@@ -14,7 +15,13 @@ from dtlab.faults.goodput import failure_trace, goodput_curve, replay
 from dtlab.faults.inject import Fault, InjectedFault, fired_faults, maybe_fail
 from dtlab.faults.job import JobSpec, job_config, train_with_checkpoints
 from dtlab.faults.replicas import ReplicaSpec, train_replicas
-from dtlab.faults.sdc import compare_replicas, flip_bit, parameter_checksums
+from dtlab.faults.sdc import (
+    compare_gradients,
+    compare_replicas,
+    flip_bit,
+    parameter_checksums,
+    wrong_output,
+)
 from dtlab.faults.supervisor import Attempt, Recovery, run_with_recovery
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "JobSpec",
     "Recovery",
     "ReplicaSpec",
+    "compare_gradients",
     "compare_replicas",
     "failure_trace",
     "fired_faults",
@@ -36,4 +44,5 @@ __all__ = [
     "run_with_recovery",
     "train_replicas",
     "train_with_checkpoints",
+    "wrong_output",
 ]
