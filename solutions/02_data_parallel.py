@@ -41,7 +41,7 @@ from dtlab.parallel import (
     run_async_sgd,
     straggle,
 )
-from dtlab.parallel.equivalence import (
+from dtlab.parallel.data.equivalence import (
     FP32_STEP_TOLERANCE,
     TiedToyModel,
     lm_loss,
@@ -73,7 +73,7 @@ print(f"{WORLD_SIZE} ranks on {cluster.backend}; GPT with Ψ = {PSI:,} parameter
 # %% [markdown]
 # ## 2. One DDP step, taken apart <a id="ddp-step"></a>
 #
-# `NaiveDDP` is the whole algorithm with nothing hidden (`dtlab.parallel.ddp_naive`):
+# `NaiveDDP` is the whole algorithm with nothing hidden (`dtlab.parallel.data.naive`):
 #
 # 1. **construction** broadcasts rank 0's parameters, so replicas *start* equal;
 # 2. each rank runs forward and backward on **its own rows** of the global batch, so the local
@@ -85,7 +85,7 @@ print(f"{WORLD_SIZE} ranks on {cluster.backend}; GPT with Ψ = {PSI:,} parameter
 # Look for: local gradient norms that differ per rank, a synced norm that is the same everywhere,
 # bytes sent equal to the ring all-reduce formula `2(N-1)/N · Ψ · 4 bytes`, and parameters after a
 # few steps equal to single-process training up to fp32 rounding (the tolerance is explained in
-# `dtlab.parallel.equivalence`).
+# `dtlab.parallel.data.equivalence`).
 
 
 # %%

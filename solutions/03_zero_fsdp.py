@@ -248,7 +248,7 @@ for n, per_rank in measured.items():
 # %%
 import torch.distributed as dist
 
-from dtlab.parallel.ddp_common import all_gather, reduce_scatter
+from dtlab.parallel.gradient_sync import all_gather, reduce_scatter
 
 
 def zero1_step(

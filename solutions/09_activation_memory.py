@@ -47,10 +47,17 @@ from dtlab.memory.formulas import (
 from dtlab.mesh import Mesh
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import BucketedDDP, FullyShardedDataParallel
-from dtlab.parallel.accumulation import accumulate_gradients, split_batch
-from dtlab.parallel.activation_offload import OffloadActivations
-from dtlab.parallel.recompute import Recomputed, plain_attention_core, recompute_attention_core
-from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls, has_op_level_sac
+from dtlab.parallel.activations.gradient_accumulation import accumulate_gradients, split_batch
+from dtlab.parallel.activations.offload import OffloadActivations
+from dtlab.parallel.activations.op_level_checkpointing import (
+    checkpoint_saving_matmuls,
+    has_op_level_sac,
+)
+from dtlab.parallel.activations.recomputation import (
+    Recomputed,
+    plain_attention_core,
+    recompute_attention_core,
+)
 from dtlab.parallel.tensor import parallelize_gpt
 from dtlab.quiz import ask, check_exercise
 
@@ -253,10 +260,10 @@ for family in FAMILIES[:7]:
 # ## 4. Recomputation: full and selective <a id="recompute"></a>
 #
 # Recomputation keeps less in the forward pass and rebuilds the rest in backward
-# (`dtlab.parallel.recompute`, written from scratch beside `torch.utils.checkpoint`, same
-# design): a region's saved tensors are replaced by tickets, and the first time backward opens
-# one the region runs again — on the same RNG state, so dropout draws the same masks — and files
-# what it saves under the tickets.
+# (`dtlab.parallel.activations.recomputation`, written from scratch beside
+# `torch.utils.checkpoint`, same design): a region's saved tensors are replaced by tickets, and
+# the first time backward opens one the region runs again — on the same RNG state, so dropout
+# draws the same masks — and files what it saves under the tickets.
 #
 # * **full** (`Recomputed(model)`): every block is a region; the forward keeps each block's input.
 #   Price: one more forward of every block, `2Ψ` FLOPs per token on top of `6Ψ` (+33 %).

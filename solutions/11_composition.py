@@ -23,6 +23,7 @@ import torch
 
 import dtlab
 import dtlab.viz
+from dtlab.bench.planner_vs_cluster import planner_vs_cluster
 from dtlab.config import accelerator_count, fast_mode, lab_world_size
 from dtlab.mesh import Layout
 from dtlab.models import GPTConfig
@@ -39,7 +40,6 @@ from dtlab.plan import (
 )
 from dtlab.plan.mesh_order import compare_orders, crosses_nodes
 from dtlab.plan.predict import parameters_per_rank, predicted_traffic
-from dtlab.plan.predict_bubble import planner_vs_cluster
 from dtlab.plan.step_time import fastest_plans, step_time
 from dtlab.plan.worked import print_worked_jobs
 from dtlab.quiz import ask, check_exercise
@@ -247,8 +247,9 @@ fig
 # The planner also predicts each rank's peak of bytes saved for backward
 # (`dtlab.plan.predict_activations`: the lab GPT's per-layer tensors, divided by TP and CP, times
 # the micro-batches a stage holds at once under 1F1B — `pp − stage` of them), and the pipeline's
-# bubble `(p−1)/(m+p−1)`. `planner_vs_cluster` runs one PP × CP × TP step on the eight ranks and
-# measures both: the peak with saved-tensor hooks, the bubble from the order each rank really ran
+# bubble `(p−1)/(m+p−1)`. The planner itself never starts a rank; `planner_vs_cluster` (a
+# benchmark, `dtlab.bench.planner_vs_cluster`, also `dtlab bench planner_vs_cluster` from a
+# shell) runs one PP × CP × TP step on the eight ranks and measures both: the peak with saved-tensor hooks, the bubble from the order each rank really ran
 # its forwards, backwards and messages (read off the trace and replayed on a clock where a
 # forward costs 1 and a backward 2), and, beside it, the wall-clock idle share of the same step.
 # Look for: measured bytes equal to the prediction on every rank, stage 0 holding more than the

@@ -15,8 +15,8 @@ import dtlab
 from dtlab.cost.volumes import dp_bytes_per_optimizer_step
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, ZeroOptimizer
-from dtlab.parallel.accumulation import accumulate_gradients, split_batch
-from dtlab.parallel.equivalence import max_abs_difference
+from dtlab.parallel.activations.gradient_accumulation import accumulate_gradients, split_batch
+from dtlab.parallel.data.equivalence import max_abs_difference
 
 CONFIG = GPTConfig.tiny(seq_len=8, d_model=32, n_layers=2)
 K, GLOBAL = 4, 16

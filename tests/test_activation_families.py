@@ -26,7 +26,7 @@ from dtlab.memory.formulas import (
 )
 from dtlab.mesh import Mesh
 from dtlab.models import GPT, GPTConfig
-from dtlab.parallel.recompute import recompute, recompute_attention_core
+from dtlab.parallel.activations.recomputation import recompute, recompute_attention_core
 from dtlab.parallel.tensor import parallelize_gpt
 
 B, S = 2, 24

@@ -10,7 +10,7 @@ import torch
 
 from dtlab.memory import ActivationMeter
 from dtlab.models import GPT, GPTConfig
-from dtlab.parallel.activation_offload import OffloadActivations
+from dtlab.parallel.activations.offload import OffloadActivations
 
 CONFIG = GPTConfig.tiny(seq_len=16, d_model=32, n_heads=4, dropout=0.1)
 

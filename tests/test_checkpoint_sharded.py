@@ -45,7 +45,7 @@ def _train_fsdp(units_default=True, steps=2, seed=0):
 
 
 def _full_fsdp(fsdp, opt) -> dict:
-    from dtlab.parallel.full_state import gather_full_tensors
+    from dtlab.parallel.zero.full_state import gather_full_tensors
 
     out = {f"model/{k}": v for k, v in gather_full_tensors(fsdp, lambda p: p.detach()).items()}
     for key in ("exp_avg", "exp_avg_sq"):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtlab.models import GPTConfig, validate_layout
+from dtlab.mesh import validate_layout
+from dtlab.models import GPTConfig
 from dtlab.models.attention import math_attention
 from dtlab.parallel.context import (
     block_attention,

@@ -6,7 +6,7 @@ import torch
 
 import dtlab
 from dtlab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP
-from dtlab.parallel.equivalence import (
+from dtlab.parallel.data.equivalence import (
     FP32_STEP_TOLERANCE,
     TiedToyModel,
     lm_loss,

@@ -8,9 +8,9 @@ import torch
 
 import dtlab
 from dtlab.parallel import NaiveDDP
-from dtlab.parallel.async_sgd import run_async_sgd
-from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
-from dtlab.parallel.straggler import Straggler, straggle
+from dtlab.parallel.data.async_sgd import run_async_sgd
+from dtlab.parallel.data.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
+from dtlab.parallel.data.straggler import Straggler, straggle
 
 DELAY = 0.2
 

@@ -17,8 +17,12 @@ from torch import nn
 import dtlab
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import FullyShardedDataParallel, MixedPrecision, ZeroOptimizer, norms_in_fp32
-from dtlab.parallel.equivalence import FP32_STEP_TOLERANCE, max_abs_difference, parameters_by_name
-from dtlab.parallel.full_state import gather_full_parameters
+from dtlab.parallel.data.equivalence import (
+    FP32_STEP_TOLERANCE,
+    max_abs_difference,
+    parameters_by_name,
+)
+from dtlab.parallel.zero.full_state import gather_full_parameters
 
 STEPS = 4
 CONFIG = GPTConfig.tiny(seq_len=8, d_model=32, n_layers=2)

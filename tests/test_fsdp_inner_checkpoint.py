@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dtlab
-from dtlab.parallel.equivalence import FP32_STEP_TOLERANCE, max_abs_difference
+from dtlab.parallel.data.equivalence import FP32_STEP_TOLERANCE, max_abs_difference
 
 STEPS = 3
 DIM = 8
@@ -28,7 +28,7 @@ class _SelfCheckpointingBlock(nn.Module):
     """``x + body(x)`` with the body under non-reentrant checkpointing, called from ``forward``.
 
     ``recompute="torch"`` uses ``torch.utils.checkpoint``, ``"dtlab"`` dtlab's own
-    :func:`~dtlab.parallel.recompute.recompute`, ``"none"`` runs the body plainly.
+    :func:`~dtlab.parallel.activations.recomputation.recompute`, ``"none"`` runs the body plainly.
     """
 
     def __init__(self, recompute: str) -> None:
@@ -45,7 +45,7 @@ class _SelfCheckpointingBlock(nn.Module):
         if self.recompute == "torch":
             return x + checkpoint(self._body, x, use_reentrant=False)
         if self.recompute == "dtlab":
-            from dtlab.parallel.recompute import recompute
+            from dtlab.parallel.activations.recomputation import recompute
 
             return x + recompute(self._body, x)
         return x + self._body(x)
@@ -74,7 +74,7 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _train(forward, params, batches, rank: int, world: int) -> list[float]:
-    """SGD with momentum (a missing 1/N average shows, see :mod:`dtlab.parallel.equivalence`);
+    """SGD with momentum (a missing 1/N average shows, see :mod:`dtlab.parallel.data.equivalence`);
     returns the global mean loss of every step."""
     import torch.distributed as dist
 
@@ -98,7 +98,7 @@ def _self_checkpointing_block_everywhere(recompute: str) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     from dtlab.parallel import FullyShardedDataParallel, shard_by_zero_stage
-    from dtlab.parallel.full_state import gather_full_parameters
+    from dtlab.parallel.zero.full_state import gather_full_parameters
 
     rank, world = dtlab.rank(), dtlab.world_size()
     batches = _batches()

@@ -6,7 +6,7 @@ import torch
 
 import dtlab
 from dtlab.parallel import FullyShardedDataParallel
-from dtlab.parallel.equivalence import (
+from dtlab.parallel.data.equivalence import (
     FP32_STEP_TOLERANCE,
     TiedToyModel,
     lm_loss,
@@ -42,7 +42,7 @@ def _zero3_and_fsdp2_on_the_toy_model() -> dict:
     ours = TiedToyModel(seed=0)
     fsdp = FullyShardedDataParallel(ours, units=[ours.up, ours.down, ours.branch])
     _train(ours, fsdp, fsdp.build_optimizer(torch.optim.SGD, lr=0.1, momentum=0.9), batches)
-    from dtlab.parallel.full_state import gather_full_parameters
+    from dtlab.parallel.zero.full_state import gather_full_parameters
 
     ours_full = gather_full_parameters(fsdp)
 

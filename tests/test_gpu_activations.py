@@ -52,7 +52,7 @@ def test_allocator_and_hooks_agree_with_the_formula_on_cuda():
 def test_recomputation_on_cuda_is_bit_exact_and_frees_what_the_formula_says():
     from dtlab.memory.activation_families import lab_layer_families
     from dtlab.models import GPT, SyntheticTokens, loss_fn
-    from dtlab.parallel.recompute import Recomputed, recompute_attention_core
+    from dtlab.parallel.activations.recomputation import Recomputed, recompute_attention_core
 
     device = torch.device("cuda")
     config = _config()
@@ -85,7 +85,7 @@ def test_recomputation_on_cuda_is_bit_exact_and_frees_what_the_formula_says():
 def test_offloading_on_cuda_moves_the_saved_bytes_off_the_device():
     from dtlab.memory import ActivationMeter
     from dtlab.models import GPT
-    from dtlab.parallel.activation_offload import OffloadActivations
+    from dtlab.parallel.activations.offload import OffloadActivations
 
     device = torch.device("cuda")
     block = GPT(_config(), seed=0, device=device).blocks[0].train()

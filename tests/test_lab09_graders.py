@@ -9,7 +9,7 @@ import torch.utils.checkpoint as ckpt
 
 from dtlab.memory.activation_families import lab_layer_families
 from dtlab.models import GPTConfig
-from dtlab.parallel.recompute import recompute as library_recompute
+from dtlab.parallel.activations.recomputation import recompute as library_recompute
 from dtlab.quiz import check_exercise
 from dtlab.quiz.graders.activations import _recompute_on_rank
 
@@ -101,7 +101,10 @@ def test_a_wrapper_that_keeps_the_activations_fails(cluster2):
 def test_torch_checkpoint_and_the_library_recompute_are_refused(cluster2):
     for answer, name in (
         (lambda f, *a: ckpt.checkpoint(f, *a, use_reentrant=False), "torch.utils.checkpoint"),
-        (lambda f, *a: library_recompute(f, *a), "dtlab.parallel.recompute.recompute"),
+        (
+            lambda f, *a: library_recompute(f, *a),
+            "dtlab.parallel.activations.recomputation.recompute",
+        ),
     ):
         result = check_exercise("activations.recompute", answer, cluster2, record=False)
         assert not result and name in result.message

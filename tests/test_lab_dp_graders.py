@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce as sum_everywhere
 
-from dtlab.parallel.ddp_common import all_gather, reduce_scatter
+from dtlab.parallel.gradient_sync import all_gather, reduce_scatter
 from dtlab.quiz import check_exercise
 
 

@@ -113,8 +113,8 @@ def test_a_trace_that_is_not_one_whole_step_is_refused(traced):
 
 
 def test_the_lab_report_puts_predictions_beside_measurements(cluster4, capsys):
+    from dtlab.bench.planner_vs_cluster import planner_vs_cluster
     from dtlab.models import GPTConfig
-    from dtlab.plan.predict_bubble import planner_vs_cluster
 
     config = GPTConfig.tiny(seq_len=8, d_model=16, n_heads=2, n_layers=4, vocab_size=32)
     report = planner_vs_cluster(cluster4, config, {"pp": 2, "dp": 2}, n_micro=4, global_batch=8)
@@ -129,8 +129,9 @@ def test_the_lab_report_puts_predictions_beside_measurements(cluster4, capsys):
 
 
 def test_bad_requests_are_refused_with_what_to_change(cluster4):
+    from dtlab.bench.planner_vs_cluster import planner_vs_cluster
     from dtlab.models import GPTConfig
-    from dtlab.plan.predict_bubble import planner_vs_cluster, predicted_bubble
+    from dtlab.plan.predict_bubble import predicted_bubble
 
     with pytest.raises(ValueError, match="choose '1f1b'"):
         predicted_bubble(2, 4, "zb_h1")

@@ -38,9 +38,9 @@ def measured_and_predicted(degrees: dict, sp: bool, schedule: str | None, recomp
     from dtlab.memory.peak_saved import measure_step_activations
     from dtlab.mesh import Layout, Mesh
     from dtlab.models import GPT, SyntheticTokens
+    from dtlab.parallel.activations.recomputation import recompute_attention_core
     from dtlab.parallel.compose import compose_gpt
     from dtlab.parallel.pipeline import SCHEDULES
-    from dtlab.parallel.recompute import recompute_attention_core
     from dtlab.plan.predict_activations import (
         micro_batches_in_flight,
         per_micro_batch_bytes,

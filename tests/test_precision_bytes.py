@@ -22,7 +22,7 @@ from dtlab.memory.precision_bytes import (
     model_state_recipe,
 )
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
-from dtlab.parallel.flat_shard import state_tensor_bytes
+from dtlab.parallel.zero.flat_segment import state_tensor_bytes
 from dtlab.precision import PER_TENSOR, PER_TILE, Fp8Linear
 
 

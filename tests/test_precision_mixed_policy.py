@@ -15,8 +15,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 import dtlab
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import FullyShardedDataParallel, MixedPrecision, ZeroOptimizer
-from dtlab.parallel.equivalence import parameters_by_name
-from dtlab.parallel.full_state import gather_full_parameters
+from dtlab.parallel.data.equivalence import parameters_by_name
+from dtlab.parallel.zero.full_state import gather_full_parameters
 
 CONFIG = GPTConfig.tiny(seq_len=8, d_model=32, n_layers=2)
 

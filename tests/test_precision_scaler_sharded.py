@@ -17,7 +17,7 @@ def _wrap(model, wrapper: str, optimizer_class, **kw):
     """(callable model, optimizer, full-parameters getter) for ``wrapper``: dtlab's ZeRO-1/2
     (``zero1``/``zero2``), NaiveDDP, dtlab's FSDP (``fsdp``) or torch's ``fully_shard``."""
     from dtlab.parallel import FullyShardedDataParallel, NaiveDDP, ZeroOptimizer
-    from dtlab.parallel.full_state import gather_full_parameters
+    from dtlab.parallel.zero.full_state import gather_full_parameters
 
     if wrapper.startswith("zero"):
         opt = ZeroOptimizer(model.parameters(), optimizer_class, stage=int(wrapper[-1]), **kw)

@@ -17,13 +17,16 @@ import dtlab
 from dtlab.mesh import Mesh
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, gather_full_parameters
-from dtlab.parallel.recompute import (
+from dtlab.parallel.activations.op_level_checkpointing import (
+    checkpoint_saving_matmuls,
+    has_op_level_sac,
+)
+from dtlab.parallel.activations.recomputation import (
     Recomputed,
     plain_attention_core,
     recompute,
     recompute_attention_core,
 )
-from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls, has_op_level_sac
 from dtlab.parallel.tensor import parallelize_gpt
 from dtlab.parallel.tensor.accounting import comm_bytes_per_layer
 
@@ -186,7 +189,7 @@ def test_recompute_under_tensor_parallel_reruns_exactly_the_forward_collectives(
 def test_nothing_of_a_recomputed_step_outlives_its_backward_without_the_garbage_collector():
     import gc
 
-    from dtlab.parallel import recompute as recompute_module
+    from dtlab.parallel.activations import recomputation as recompute_module
 
     model = GPT(CONFIG, seed=0)
     tokens, targets = _batch()

@@ -100,7 +100,7 @@ def test_hang_inside_dtlab_ddp_backward_names_the_user_line_not_the_library():
         cluster.run(only_rank_0_steps)
     text = info.value.pending[0]
     assert "blocked in torch.distributed.all_reduce over ranks [0, 1]" in text
-    assert "inside dtlab.parallel." in text and "ddp_common.py" not in text
+    assert "inside dtlab.parallel." in text and "parallel/data/" not in text
     line = _line_of(only_rank_0_steps, ".backward()")
     assert text.endswith(f"called from only_rank_0_steps ({__file__}:{line})")
 
@@ -163,7 +163,7 @@ DDP_DUMP = """Current thread 0x00007f0000000002 (most recent call first):
   File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 2950 in all_reduce
   File "/venv/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
   File "/x/dtlab/parallel/dp_comm.py", line 88 in all_reduce
-  File "/x/dtlab/parallel/ddp_common.py", line 142 in finish_gradient_synchronization
+  File "/x/dtlab/parallel/data/base.py", line 142 in finish_gradient_synchronization
   File "/venv/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
   File "/venv/site-packages/torch/_tensor.py", line 625 in backward
   File "/tmp/ipykernel_1/7.py", line 9 in train_step
@@ -175,7 +175,7 @@ DDP_DUMP = """Current thread 0x00007f0000000002 (most recent call first):
 def test_stack_dump_treats_every_dtlab_frame_as_library():
     assert describe_blocking_call(DDP_DUMP) == (
         "blocked in torch.distributed.all_reduce inside "
-        "dtlab.parallel.ddp_common.finish_gradient_synchronization, "
+        "dtlab.parallel.data.base.finish_gradient_synchronization, "
         "called from train_step (/tmp/ipykernel_1/7.py:9)"
     )
 

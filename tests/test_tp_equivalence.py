@@ -6,7 +6,7 @@ vocabulary), the loss (vocabulary-parallel cross-entropy against ``F.cross_entro
 parameter's gradient (gathered along its sharded dimension) must agree. Only the order of
 floating-point sums differs (a row-parallel matmul adds ``t`` partial products; the loss adds
 ``t`` partial sums of ``exp``), so in fp64 they agree to :data:`FP64_TOLERANCE`; a few SGD steps
-in fp32 stay within :data:`~dtlab.parallel.equivalence.FP32_STEP_TOLERANCE`.
+in fp32 stay within :data:`~dtlab.parallel.data.equivalence.FP32_STEP_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
-from dtlab.parallel.equivalence import FP32_STEP_TOLERANCE, max_abs_difference, parameters_by_name
+from dtlab.parallel.data.equivalence import (
+    FP32_STEP_TOLERANCE,
+    max_abs_difference,
+    parameters_by_name,
+)
 from dtlab.parallel.tensor.accounting import params_per_rank
 
 FP64_TOLERANCE = 1e-12

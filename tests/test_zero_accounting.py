@@ -8,7 +8,7 @@ import torch
 import dtlab
 from dtlab.memory import fsdp2_state_bytes, model_state_bytes, zero_comm_bytes_per_rank
 from dtlab.parallel import MixedPrecision, shard_by_zero_stage
-from dtlab.parallel.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
+from dtlab.parallel.data.equivalence import TiedToyModel, lm_loss, rank_slice, toy_batches
 
 
 def _held_and_sent(stage: int, recipe: str, collectives: str = "dtlab") -> dict:

@@ -10,7 +10,7 @@ import torch
 
 import dtlab
 from dtlab.parallel import ZeroOptimizer
-from dtlab.parallel.equivalence import (
+from dtlab.parallel.data.equivalence import (
     FP32_STEP_TOLERANCE,
     TiedToyModel,
     lm_loss,

@@ -7,14 +7,14 @@ import torch
 import dtlab
 from dtlab.memory import Recipe, model_state_bytes
 from dtlab.parallel import FullyShardedDataParallel, MixedPrecision, ZeroOptimizer
-from dtlab.parallel.equivalence import (
+from dtlab.parallel.data.equivalence import (
     TiedToyModel,
     lm_loss,
     max_abs_difference,
     rank_slice,
     toy_batches,
 )
-from dtlab.parallel.full_state import gather_full_parameters
+from dtlab.parallel.zero.full_state import gather_full_parameters
 
 BF16_MASTER_TOLERANCE = 3e-3
 """bf16 gradients of two half batches summed across ranks differ from one process's full-batch

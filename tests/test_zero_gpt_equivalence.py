@@ -9,8 +9,12 @@ import torch
 import dtlab
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.parallel import BucketedDDP, FullyShardedDataParallel, ZeroOptimizer
-from dtlab.parallel.equivalence import FP32_STEP_TOLERANCE, max_abs_difference, parameters_by_name
-from dtlab.parallel.full_state import gather_full_parameters
+from dtlab.parallel.data.equivalence import (
+    FP32_STEP_TOLERANCE,
+    max_abs_difference,
+    parameters_by_name,
+)
+from dtlab.parallel.zero.full_state import gather_full_parameters
 
 
 def _gpt_equivalence() -> dict:

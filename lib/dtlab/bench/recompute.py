@@ -39,8 +39,12 @@ def _step_fn(model, variant: str):
     import torch.utils.checkpoint as ckpt
 
     from dtlab.models import loss_fn
-    from dtlab.parallel.recompute import Recomputed, plain_attention_core, recompute_attention_core
-    from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls
+    from dtlab.parallel.activations.op_level_checkpointing import checkpoint_saving_matmuls
+    from dtlab.parallel.activations.recomputation import (
+        Recomputed,
+        plain_attention_core,
+        recompute_attention_core,
+    )
 
     def blocks_with(run, **kwargs):
         def forward(tokens):
@@ -79,7 +83,7 @@ def _measure_on_rank(model_size: str, seq: int, batch: int, steps: int, repeats:
     from dtlab.memory.activations import ActivationMeter
     from dtlab.memory.peak import peak_bytes_of
     from dtlab.models import GPT, GPTConfig, SyntheticTokens
-    from dtlab.parallel.recompute_policy import has_op_level_sac
+    from dtlab.parallel.activations.op_level_checkpointing import has_op_level_sac
 
     base = GPTConfig.small() if model_size == "small" else GPTConfig.tiny()
     config = GPTConfig(

@@ -2,11 +2,24 @@
 
 * :mod:`~dtlab.mesh.layout` — :class:`Layout`, pure arithmetic: validation, coordinates and the
   rank lists of every group, usable before any process exists.
+* :mod:`~dtlab.mesh.layout_rules` — does this layout fit this model? Every layout rule (tp, pp,
+  cp, ep against heads, layers, sequence, experts) and the one :func:`divisors`, used by the
+  planner, ``compose``, every parallel family and the labs; pure arithmetic too.
 * :mod:`~dtlab.mesh.mesh` — :class:`Mesh`, the layout on a running rank: torch ``DeviceMesh``
   groups with sentence-like names (``mesh.tp_group``, ``mesh.is_first_pp_stage``).
 """
 
-from dtlab.mesh.layout import ORDER, Layout, divisors, layouts_of
+from dtlab.mesh.layout import ORDER, Layout, layouts_of
+from dtlab.mesh.layout_rules import divisors, fit_check, model_layout_problems, validate_layout
 from dtlab.mesh.mesh import Mesh
 
-__all__ = ["ORDER", "Layout", "Mesh", "divisors", "layouts_of"]
+__all__ = [
+    "ORDER",
+    "Layout",
+    "Mesh",
+    "divisors",
+    "fit_check",
+    "layouts_of",
+    "model_layout_problems",
+    "validate_layout",
+]

@@ -21,8 +21,9 @@ different experts (the EP group); ranks at the same position of different blocks
 experts and average their gradients (the expert-data-parallel group, ``dp / ep`` ranks).
 
 :meth:`Layout.check` refuses an impossible layout with a message that says what to choose;
-``model_check`` (e.g. :func:`dtlab.models.validate_layout`, when present) adds the model's own
-limits (heads divisible by tp, layers by pp, ...).
+``model_check`` (e.g. :func:`dtlab.mesh.layout_rules.fit_check` of a GPT config) adds the model's
+own limits (heads divisible by tp, layers by pp, ...); every such rule lives in
+:mod:`~dtlab.mesh.layout_rules`.
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dtlab.mesh.layout_rules import degree_problems, divisors, expert_inside_dp_problems
+
 ORDER = ("pp", "dp", "cp", "tp")
 """Mesh dimensions from outermost (largest rank stride) to innermost (consecutive ranks)."""
-
-
-def divisors(n: int) -> list[int]:
-    """Every positive divisor of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -50,15 +48,10 @@ class Layout:
     ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: every degree is a whole number ≥ 1")
-        if self.dp % self.ep:
-            raise ValueError(
-                f"ep={self.ep} does not divide dp={self.dp}: experts are sharded across ranks "
-                f"that also split the batch; choose ep from {divisors(self.dp)} or raise dp"
-            )
+        degrees = {name: getattr(self, name) for name in ("dp", "tp", "pp", "cp", "ep")}
+        problems = degree_problems(**degrees) or expert_inside_dp_problems(self.ep, self.dp)
+        if problems:
+            raise ValueError(problems[0])
 
     @property
     def world_size(self) -> int:

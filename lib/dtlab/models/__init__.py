@@ -1,5 +1,9 @@
 """The one small GPT every lab trains, its config, deterministic synthetic data, and the hooks
-parallelism uses from outside: attention cores, MLP factories, pipeline stages, layout checks."""
+parallelism uses from outside: attention cores, MLP factories, pipeline stages.
+
+The model knows nothing about parallelism (no module here imports :mod:`dtlab.parallel`,
+:mod:`dtlab.mesh` or :mod:`dtlab.plan`): whether a layout fits it is
+:mod:`dtlab.mesh.layout_rules`' question."""
 
 from dtlab.models.attention import (
     AttentionCore,
@@ -11,7 +15,6 @@ from dtlab.models.attention import (
 from dtlab.models.config import GPTConfig
 from dtlab.models.data import SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.models.gpt import GPT, Block
-from dtlab.models.layout_check import validate_layout
 from dtlab.models.mlp import MLP, MLPFactory, default_mlp
 from dtlab.models.pipeline_stages import PipelineStage, balanced_stage_layers, split_into_stages
 
@@ -33,5 +36,4 @@ __all__ = [
     "PipelineStage",
     "split_into_stages",
     "balanced_stage_layers",
-    "validate_layout",
 ]

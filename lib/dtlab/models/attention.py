@@ -21,7 +21,7 @@ positions_q[i]``. ``positions`` may also be ``(B, S)`` when rows differ.
 Grouped-query attention (Ainslie et al. 2023, GQA): ``n_kv_heads`` divides ``n_heads``; query
 head ``i`` reads kv head ``i // (n_heads / n_kv_heads)``. Each module derives its local head
 counts from its projections' widths, so a tensor-parallel shard (fewer columns) simply runs fewer
-heads — as long as every shard keeps whole KV-head groups (:func:`dtlab.models.validate_layout`).
+heads — as long as every shard keeps whole KV-head groups (:func:`dtlab.mesh.validate_layout`).
 """
 
 from __future__ import annotations

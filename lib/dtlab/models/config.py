@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 
 def _divisors(n: int) -> list[int]:
+    # The model's own shape rules name their choices with this; the layout rules (does a mesh fit
+    # this model?) live in dtlab.mesh.layout_rules, which the model does not import.
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
@@ -104,28 +106,6 @@ class GPTConfig:
             tie_embeddings=self.tie_embeddings,
             bias=self.bias,
             kv_width=self.kv_width,
-        )
-
-    def check_parallel(
-        self,
-        layout: object | None = None,
-        *,
-        tp: int | None = None,
-        cp: int | None = None,
-        pp: int | None = None,
-        ep: int | None = None,
-        cp_style: str = "ring",
-        n_experts: int | None = None,
-    ) -> None:
-        """Refuse a parallel layout this model cannot take, saying what to change.
-
-        See :func:`dtlab.models.validate_layout`; usable as ``Layout.check(world,
-        model_check=config.check_parallel)``.
-        """
-        from dtlab.models.layout_check import validate_layout
-
-        validate_layout(
-            self, layout, tp=tp, cp=cp, pp=pp, ep=ep, cp_style=cp_style, n_experts=n_experts
         )
 
     @classmethod

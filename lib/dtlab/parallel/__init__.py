@@ -1,13 +1,15 @@
-"""Parallelism strategies applied to a model from outside.
+"""Parallelism strategies applied to a model from outside, one subpackage per family.
 
-Data parallel (lab 02): :class:`NaiveDDP` → :class:`OverlappedDDP` → :class:`BucketedDDP`, each a
-small diff on the last; :mod:`~dtlab.parallel.straggler` and :mod:`~dtlab.parallel.async_sgd`
+Data parallel (:mod:`dtlab.parallel.data`, lab 02): :class:`NaiveDDP` → :class:`OverlappedDDP` →
+:class:`BucketedDDP`, each a small diff on the last; :func:`straggle` and :func:`run_async_sgd`
 show what synchronisation costs and buys.
 
-ZeRO and FSDP (lab 03): :class:`ZeroOptimizer` (stages 1 and 2, a ``torch.optim.Optimizer`` that
-wraps any torch optimizer), :class:`FullyShardedDataParallel` (stage 3, drops into a plain torch
-training loop), with :class:`MixedPrecision` (per unit: :func:`norms_in_fp32`), CPU offload,
-global-norm clipping and :func:`gather_full_parameters`.
+ZeRO and FSDP (:mod:`dtlab.parallel.zero`, lab 03): :class:`ZeroOptimizer` (stages 1 and 2, a
+``torch.optim.Optimizer`` that wraps any torch optimizer), :class:`FullyShardedDataParallel`
+(stage 3, drops into a plain torch training loop), with :class:`MixedPrecision` (per unit:
+:func:`norms_in_fp32`), CPU offload, global-norm clipping and :func:`gather_full_parameters`.
+What DDP and ZeRO/FSDP share (the dp group's :class:`DataParallelComm`, the end-of-backward queue,
+the bucketing rule) is the one module beside the families, :mod:`dtlab.parallel.gradient_sync`.
 
 Tensor and sequence parallel (lab 04): :func:`parallelize_gpt` shards the lab GPT Megatron-style
 (:mod:`dtlab.parallel.tensor`): column/row-parallel linears with f/g, heads split across ranks
@@ -22,10 +24,12 @@ Context parallel (:mod:`dtlab.parallel.context`): blockwise attention with an on
 ring attention (contiguous or zig-zag), Ulysses and all-gather K/V, plugged into the lab GPT's
 attention core by :func:`parallelize_context`.
 
-Activation memory (lab 09): :func:`dtlab.parallel.recompute.recompute` and :class:`Recomputed` (full recomputation written
-from scratch), :func:`recompute_attention_core` (Megatron's selective), :func:`checkpoint_saving_matmuls`
-(PyTorch's op-level selective checkpointing), :class:`OffloadActivations` (saved tensors to the
-host) and :func:`accumulate_gradients` (K micro-batches, ``no_sync``).
+Activation memory (:mod:`dtlab.parallel.activations`, lab 09):
+:func:`dtlab.parallel.activations.recompute` and :class:`Recomputed` (full recomputation written
+from scratch), :func:`recompute_attention_core` (Megatron's selective),
+:func:`checkpoint_saving_matmuls` (PyTorch's op-level selective checkpointing),
+:class:`OffloadActivations` (saved tensors to the host) and :func:`accumulate_gradients`
+(K micro-batches, ``no_sync``).
 
 Expert parallel (:mod:`dtlab.parallel.expert`, lab 07): the lab GPT gets mixture-of-experts
 blocks through its MLP factory (:func:`dtlab.models.moe.moe_mlp_factory`); :func:`parallelize_experts`
@@ -40,26 +44,33 @@ Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's 
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
+from dtlab.collectives.stats import CommStats
 from dtlab.comm import ring_bytes_sent
 from dtlab.parallel import compose, context, expert, pipeline
-from dtlab.parallel.accumulation import AccumulationStep, accumulate_gradients, split_batch
-from dtlab.parallel.activation_offload import OffloadActivations
-from dtlab.parallel.async_sgd import AsyncSGDResult, run_async_sgd
+from dtlab.parallel.activations import (
+    AccumulationStep,
+    OffloadActivations,
+    Recomputed,
+    accumulate_gradients,
+    checkpoint_saving_matmuls,
+    recompute_attention_core,
+    split_batch,
+)
 from dtlab.parallel.compose import compose_gpt
 from dtlab.parallel.context import parallelize_context
-from dtlab.parallel.ddp_bucketed import BucketedDDP, assign_buckets
-from dtlab.parallel.ddp_common import CommStats, DataParallelBase, DataParallelComm
-from dtlab.parallel.ddp_naive import NaiveDDP
-from dtlab.parallel.ddp_overlap import OverlappedDDP
+from dtlab.parallel.data import (
+    AsyncSGDResult,
+    BucketedDDP,
+    DataParallelBase,
+    NaiveDDP,
+    OverlappedDDP,
+    Straggler,
+    run_async_sgd,
+    straggle,
+)
 from dtlab.parallel.expert import ExpertParallel, parallelize_experts
-from dtlab.parallel.full_state import gather_full_parameters
-from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.parallel.offload import offload_device
+from dtlab.parallel.gradient_sync import DataParallelComm, assign_buckets
 from dtlab.parallel.pipeline import pipeline_gpt, simulate, validate
-from dtlab.parallel.recompute import Recomputed, recompute_attention_core
-from dtlab.parallel.recompute_policy import checkpoint_saving_matmuls
-from dtlab.parallel.stages import ZeroStageSetup, shard_by_zero_stage
-from dtlab.parallel.straggler import Straggler, straggle
 from dtlab.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -69,8 +80,15 @@ from dtlab.parallel.tensor import (
     parallelize_gpt,
     vocab_parallel_cross_entropy,
 )
-from dtlab.parallel.zero3 import FullyShardedDataParallel
-from dtlab.parallel.zero_optimizer import ZeroOptimizer
+from dtlab.parallel.zero import (
+    FullyShardedDataParallel,
+    ZeroOptimizer,
+    ZeroStageSetup,
+    clip_sharded_grad_norm_,
+    gather_full_parameters,
+    offload_device,
+    shard_by_zero_stage,
+)
 from dtlab.precision.mixed_precision import MixedPrecision, norms_in_fp32
 
 __all__ = [

@@ -30,7 +30,7 @@ embedding  tied embedding with pp > 1: one all-reduce of the embedding shard ``V
            the first and last stage.
 dp         ``"ddp"``: one all-reduce of this rank's parameters; ``"fsdp"``: per unit (each block,
            and the root) two all-gathers and one reduce-scatter of the unit padded to a multiple
-           of ``dp`` (:mod:`dtlab.parallel.zero3`).
+           of ``dp`` (:mod:`dtlab.parallel.zero.fsdp`).
 =========  ==========================================================================================
 """
 

@@ -2,21 +2,29 @@
 
 In the order an interviewer checks them: the plan uses exactly the job's GPUs; TP stays inside
 a node, where its per-layer all-reduces ride NVLink (Shoeybi et al. 2019, Sec. 3); TP divides
-the heads and the hidden size, ``pp·v`` the layers (counting the first and last stage's trimmed
+the heads (and so the hidden size), ``pp·v`` the layers (counting the first and last stage's trimmed
 slots, :attr:`~dtlab.plan.job.Requirements.pipeline_layer_slots`); CP splits the sequence into
 ``2·cp`` equal chunks (the zig-zag split that balances causal attention over the ring, Llama 3
 Sec. 3.3.2); EP only for a mixture of experts, dividing its experts and ``dp``; the ZeRO stage
 and the recomputation exist; the global batch splits into a whole number of micro-batches, at
 least one per pipeline stage (and a multiple of ``pp`` when interleaved, Narayanan et al. 2021,
-Sec. 2.2). Only a plan that passes all of those is priced: memory by category
-(:func:`~dtlab.plan.memory_by_category.memory_per_gpu`) within the usable share of the GPU's memory,
-and a pipeline bubble within the job's limit.
+Sec. 2.2). The layout rules among those come from :mod:`dtlab.mesh.layout_rules`, their one
+home, shared with the executor's checks (it says where the planner asks differently, and why);
+the ZeRO, recomputation and micro-batch rules are the planner's own. Only a plan that passes all
+of those is priced: memory by category (:func:`~dtlab.plan.memory_by_category.memory_per_gpu`)
+within the usable share of the GPU's memory, and a pipeline bubble within the job's limit.
 """
 
 from __future__ import annotations
 
 from dtlab.cost import gpu
-from dtlab.mesh import divisors
+from dtlab.mesh.layout_rules import (
+    context_parallel_problems,
+    equal_stage_problems,
+    expert_parallel_problems,
+    node_problems,
+    tensor_parallel_problems,
+)
 from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
@@ -29,39 +37,16 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     if plan.world_size != req.n_gpus:
         dims = "dp·tp·pp" if plan.cp == 1 else "dp·tp·pp·cp"
         problems.append(f"{dims} = {plan.world_size}, but the job has {req.n_gpus} GPUs")
-    if plan.tp > req.gpus_per_node:
-        problems.append(
-            f"TP {plan.tp} spans nodes: keep TP within one node ({req.gpus_per_node} GPUs) on NVLink"
-        )
-    if req.n_heads % plan.tp or req.d_model % plan.tp:
-        problems.append(f"TP {plan.tp} does not divide {req.n_heads} heads / d_model {req.d_model}")
-    chunks = plan.pp * plan.virtual_stages
-    if req.pipeline_layer_slots % chunks:
-        trimmed = (
-            f" (+2·{req.pipeline_end_trim} trimmed end slots)" if req.pipeline_end_trim else ""
-        )
-        problems.append(f"pp·v = {chunks} does not divide {req.n_layers} layers{trimmed}")
-    if plan.virtual_stages > 1 and plan.pp == 1:
-        problems.append("interleaving (virtual_stages > 1) needs a pipeline: pp >= 2")
-    if plan.cp > 1 and req.seq_len % (2 * plan.cp):
-        good = [c for c in divisors(req.seq_len // 2) if c > 1 and c <= 64]
-        problems.append(
-            f"CP {plan.cp} cannot split the {req.seq_len}-token sequence into 2·cp = "
-            f"{2 * plan.cp} equal chunks (zig-zag balance for causal attention); "
-            f"choose cp from {good}"
-        )
-    if plan.ep > 1 and not req.is_moe:
-        problems.append(f"EP {plan.ep} needs a mixture of experts; {req.name} is dense: use ep=1")
-    elif plan.ep > 1 and req.n_experts % plan.ep:
-        problems.append(
-            f"EP {plan.ep} does not divide {req.n_experts} experts: choose ep from "
-            f"{[e for e in divisors(req.n_experts) if plan.dp % e == 0]}"
-        )
-    if plan.dp % plan.ep:
-        problems.append(
-            f"EP {plan.ep} must divide dp {plan.dp} (experts are sharded across data-parallel "
-            f"ranks): choose ep from {divisors(plan.dp)}"
-        )
+    problems += node_problems(plan.tp, req.gpus_per_node, unit="GPUs")
+    # Megatron-LM replicates KV heads when tp exceeds them: the planner asks about query heads.
+    problems += tensor_parallel_problems(plan.tp, req.n_heads)
+    problems += equal_stage_problems(
+        plan.pp, plan.virtual_stages, req.n_layers, req.pipeline_end_trim
+    )
+    if plan.cp > 1:  # the planner plans zig-zag context parallelism (Llama 3)
+        problems += context_parallel_problems(plan.cp, req.seq_len, "zigzag")
+    experts = req.n_experts if req.is_moe else 0
+    problems += expert_parallel_problems(plan.ep, experts, plan.dp, model=req.name)
     if plan.zero_stage not in (0, 1, 2, 3):
         problems.append(f"ZeRO stage {plan.zero_stage} does not exist; choose 0, 1, 2 or 3")
     if plan.recompute not in RECOMPUTE:

@@ -33,7 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from dtlab.mesh import divisors, layouts_of
+from dtlab.mesh import layouts_of
+from dtlab.mesh.layout_rules import context_parallel_problems, divisors, tensor_parallel_problems
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
@@ -67,7 +68,9 @@ def _classic(req: Requirements) -> Iterator[ParallelPlan]:
 
 def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
     """(micro-batch, recompute, cp) after the classic (1, selective, 1), cheapest first."""
-    cps = [c for c in CP_DEGREES if c == 1 or req.seq_len % (2 * c) == 0]
+    cps = [
+        c for c in CP_DEGREES if c == 1 or not context_parallel_problems(c, req.seq_len, "zigzag")
+    ]
     for mbs in MICRO_BATCH_SIZES:
         for recompute in RECOMPUTE_ORDER:
             for cp in cps:
@@ -78,7 +81,7 @@ def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
 def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[ParallelPlan]:
     slots, sequences = req.pipeline_layer_slots, req.global_batch_sequences
     for tp in divisors(req.gpus_per_node):
-        if req.n_heads % tp or req.d_model % tp or req.n_gpus % (tp * cp):
+        if tensor_parallel_problems(tp, req.n_heads) or req.n_gpus % (tp * cp):
             continue
         rest = req.n_gpus // (tp * cp)
         for pp in (p for p in divisors(rest) if slots % p == 0):

@@ -11,7 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from dtlab.mesh.layout import Layout, divisors
+from dtlab.mesh.layout import Layout
+from dtlab.mesh.layout_rules import divisors
 
 _groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
 # Groups (and device meshes) built once per process and reused: see :func:`cached_groups`.

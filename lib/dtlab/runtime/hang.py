@@ -115,7 +115,9 @@ def where(frames: list[Frame]) -> str:
 
 def dtlab_api(frames: list[Frame]) -> str | None:
     """The dtlab call the user made: the outermost dtlab frame (the runtime's own excluded),
-    named by its public path when its package exports it (``dtlab.collectives.all_reduce``)."""
+    named by its public path — the outermost package below ``dtlab`` that exports it
+    (``dtlab.collectives.all_reduce``, ``dtlab.parallel.FullyShardedDataParallel`` for a class
+    that lives in ``dtlab.parallel.zero.fsdp``)."""
     outer = None
     for frame in frames:
         module = dtlab_module(frame.file)
@@ -124,13 +126,15 @@ def dtlab_api(frames: list[Frame]) -> str | None:
     if outer is None:
         return None
     module, qualname = outer
-    package = module.rpartition(".")[0]
-    try:
-        exported = getattr(importlib.import_module(package), qualname.split(".")[0], None)
-    except ImportError:
-        exported = None
-    if package != "dtlab" and getattr(exported, "__module__", None) == module:
-        return f"{package}.{qualname}"
+    parts = module.split(".")
+    for depth in range(2, len(parts)):  # dtlab.parallel, dtlab.parallel.zero, ...
+        package = ".".join(parts[:depth])
+        try:
+            exported = getattr(importlib.import_module(package), qualname.split(".")[0], None)
+        except ImportError:
+            continue
+        if getattr(exported, "__module__", None) == module:
+            return f"{package}.{qualname}"
     return f"{module}.{qualname}"
 
 

@@ -4,20 +4,24 @@ torchtitan validates its parallel config up front; so does this. The checks, eac
 choose instead:
 
 * the degrees multiply to the world size (:meth:`dtlab.mesh.Layout.check`);
-* the model splits this way (:func:`dtlab.models.validate_layout`): TP divides the heads, KV
-  heads and MLP width; PP has a block per stage; CP divides the sequence (``2·cp`` chunks for
-  zig-zag); EP divides the experts;
-* TP stays inside a node (its collectives sit between every layer's matmuls and need NVLink);
+* the model splits this way (:func:`dtlab.mesh.layout_rules.model_layout_problems`): TP divides
+  the heads, KV heads and MLP width (and the sequence, with SP); PP has a block per stage; CP
+  divides the sequence (``2·cp`` chunks for zig-zag); EP divides the experts;
+* TP stays inside a node (:func:`dtlab.mesh.layout_rules.node_problems`: its collectives sit
+  between every layer's matmuls and need NVLink);
 * what :func:`~dtlab.parallel.compose.compose_gpt` cannot compose (FSDP or SP with pipeline
   stages; EP with anything but DP): :func:`unsupported_combinations`, the one list both
   :func:`composed_layout_problems` (before any process starts) and :func:`check_composition`
   (inside ``compose_gpt``, on the ranks) read.
+
+The first three are :mod:`dtlab.mesh.layout_rules`' rules (their one home); only the last is this
+file's own.
 """
 
 from __future__ import annotations
 
 from dtlab.mesh import Layout
-from dtlab.models import validate_layout
+from dtlab.mesh.layout_rules import model_layout_problems, node_problems
 
 DATA_PARALLEL = ("ddp", "fsdp", "hsdp")
 
@@ -75,18 +79,15 @@ def composed_layout_problems(
         layout.check(world_size)
     except ValueError as error:
         problems.append(str(error))
-    try:
-        style = "ring" if cp_style in ("allgather", "ring") else cp_style
-        validate_layout(config, layout, cp_style=style, n_experts=n_experts)
-    except ValueError as error:
-        problems.append(str(error))
-    if ranks_per_node is not None and layout.tp > ranks_per_node:
-        fits = [t for t in range(1, ranks_per_node + 1) if ranks_per_node % t == 0]
-        problems.append(
-            f"tp={layout.tp} is larger than a node of {ranks_per_node} ranks: tensor parallel's "
-            f"collectives run between every layer's matmuls and need the node's links; choose tp "
-            f"from {fits} and put the rest into pp or dp"
-        )
+    problems += model_layout_problems(
+        config,
+        layout,
+        cp_style=cp_style,
+        n_experts=n_experts,
+        sequence_parallel=sequence_parallel,
+    )
+    if ranks_per_node is not None:
+        problems += node_problems(layout.tp, ranks_per_node)
     problems.extend(unsupported_combinations(layout, data_parallel, sequence_parallel))
     return problems
 

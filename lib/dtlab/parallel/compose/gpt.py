@@ -44,7 +44,7 @@ from dtlab.parallel.expert import parallelize_experts
 from dtlab.parallel.pipeline import PipelineExecutor, Schedule, pipeline_gpt
 from dtlab.parallel.tensor import TensorParallel, parallelize_gpt
 from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
-from dtlab.parallel.zero3 import FullyShardedDataParallel
+from dtlab.parallel.zero.fsdp import FullyShardedDataParallel
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import Communicator
-from dtlab.mesh import Mesh
+from dtlab.mesh import Mesh, divisors
 
 
 def average_flat(
@@ -37,7 +37,7 @@ def hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.Process
     nodes). Every rank enumerates every group, in the same order."""
     dp = mesh.dp_size
     if shard < 1 or dp % shard:
-        raise ValueError(f"hsdp_shard={shard} must divide dp={dp}; choose from {divisors_of(dp)}")
+        raise ValueError(f"hsdp_shard={shard} must divide dp={dp}; choose from {divisors(dp)}")
     shard_groups, replica_groups = [], []
     for ranks in mesh.layout.groups("dp"):
         blocks = [ranks[i : i + shard] for i in range(0, dp, shard)]
@@ -58,7 +58,3 @@ def node_share_of_dp(mesh: Mesh) -> int:
     """HSDP's default shard group: the dp ranks that share a node (all of dp on one node)."""
     inside = len({mesh.node_of(r) for r in mesh.dp_ranks})
     return mesh.dp_size // inside if mesh.dp_size % inside == 0 else mesh.dp_size
-
-
-def divisors_of(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,7 +1,7 @@
 """Context parallelism applied to the lab GPT from outside: swap each block's attention core.
 
 The model stays as it is. :func:`parallelize_context` checks the layout
-(:func:`dtlab.models.validate_layout`) and sets every ``block.attn.core`` to a ring or Ulysses
+(:func:`dtlab.mesh.validate_layout`) and sets every ``block.attn.core`` to a ring or Ulysses
 core (or the all-gather-K/V one) over the CP communicator; :func:`shard_batch` hands each rank its tokens and their global
 positions, which the model takes as ``model(tokens, positions=positions)`` — the position
 embedding and the causal mask both read them. Everything outside attention is per-token, so it
@@ -16,16 +16,16 @@ import torch
 import torch.nn as nn
 
 from dtlab.comm import Communicator
-from dtlab.models import validate_layout
+from dtlab.mesh.layout_rules import CP_STYLES, validate_layout
 from dtlab.parallel.context.allgather import allgather_core
 from dtlab.parallel.context.ring import AttentionWork, ring_core
 from dtlab.parallel.context.sharding import shard_sequence
 from dtlab.parallel.context.ulysses import ulysses_core
 
-CP_STYLES = ("ring", "zigzag", "ulysses", "allgather")
-"""``ring``: contiguous shards, ring attention; ``zigzag``: head-tail shards, ring attention;
-``ulysses``: contiguous shards, all-to-all attention; ``allgather``: contiguous shards, K/V
-all-gathered (Llama 3)."""
+# CP_STYLES, the styles the layout rules know, is this family's list of cores too: ``ring``
+# (contiguous shards, ring attention), ``zigzag`` (head-tail shards, ring attention),
+# ``ulysses`` (contiguous shards, all-to-all attention), ``allgather`` (contiguous shards, K/V
+# all-gathered, Llama 3).
 
 
 def _sharding_of(style: str) -> str:
@@ -38,8 +38,7 @@ def parallelize_context(
     """Make ``model``'s attention context-parallel over ``comm`` (in place; returns it)."""
     if style not in CP_STYLES:
         raise ValueError(f"style={style!r}; choose one of {CP_STYLES}")
-    # the all-gather variant shards the sequence as the contiguous ring does
-    validate_layout(model.config, cp=comm.world_size, cp_style=style.replace("allgather", "ring"))
+    validate_layout(model.config, cp=comm.world_size, cp_style=style)
     for block in model.blocks:
         if style == "ulysses":
             block.attn.core = ulysses_core(comm)

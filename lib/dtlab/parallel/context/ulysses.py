@@ -23,19 +23,15 @@ from __future__ import annotations
 import torch
 
 from dtlab.comm import Communicator, all_to_all_rows
+from dtlab.mesh.layout_rules import raise_problems, ulysses_problems
 from dtlab.models.attention import math_attention
 from dtlab.parallel.context.agreement import check_equal_shards
 
 
 def check_heads(heads: int, kv_heads: int, cp: int) -> None:
-    """Refuse a CP degree that does not divide the query and KV heads, naming what fits."""
-    if heads % cp or kv_heads % cp:
-        fits = [d for d in range(1, kv_heads + 1) if heads % d == 0 and kv_heads % d == 0]
-        raise ValueError(
-            f"Ulysses cp={cp} must divide the {heads} query and {kv_heads} KV heads: its "
-            f"all-to-all gives every cp rank whole heads; choose cp in {fits}, or use ring "
-            "attention"
-        )
+    """Refuse a CP degree that does not divide the query and KV heads, naming what fits
+    (:func:`dtlab.mesh.layout_rules.ulysses_problems`)."""
+    raise_problems(ulysses_problems(cp, heads, kv_heads))
 
 
 def _sequence_to_heads(x: torch.Tensor, comm: Communicator) -> torch.Tensor:

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from dtlab.comm import Communicator
+from dtlab.mesh.layout_rules import expert_parallel_problems, raise_problems
 from dtlab.models.moe import MoE, is_expert_param, moe_layers
 from dtlab.parallel.expert.dispatch import AllToAllDispatch
 
@@ -47,12 +48,7 @@ def parallelize_experts(model: nn.Module, ep_comm: Communicator) -> list[MoE]:
     ep, rank = ep_comm.world_size, ep_comm.rank
     for layer in layers:
         n = layer.experts.n_experts
-        if n % ep:
-            divisors = [d for d in range(1, n + 1) if n % d == 0]
-            raise ValueError(
-                f"ep={ep} does not divide n_experts={n}: each EP rank holds whole experts; "
-                f"choose ep from {divisors}"
-            )
+        raise_problems(expert_parallel_problems(ep, n))
         per = n // ep
         for holder in (layer.experts.fc_in, layer.experts.fc_out):
             mine = holder.weight.detach()[rank * per : (rank + 1) * per].clone()

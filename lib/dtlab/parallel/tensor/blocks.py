@@ -9,7 +9,7 @@ projections' widths). ``out_proj`` becomes row-parallel: each rank multiplies it
 of the concatenated output and the partial results are summed on leaving. With grouped-query
 attention (Ainslie et al. 2023) query head ``i`` reads KV head ``i // (H/Hkv)``; the contiguous
 split keeps every query head on the rank of its KV head exactly when ``t`` divides ``Hkv``
-(:func:`dtlab.models.validate_layout` says what to choose otherwise).
+(:func:`dtlab.mesh.layout_rules.tensor_parallel_problems` says what to choose otherwise).
 
 **MLP.** ``fc_in`` column-parallel (``d_ff/t`` hidden units per rank, GELU applied locally —
 element-wise, so no communication), ``fc_out`` row-parallel.
@@ -35,7 +35,8 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from dtlab.comm import Communicator
-from dtlab.models import MLP, CausalSelfAttention, GPTConfig, validate_layout
+from dtlab.mesh.layout_rules import raise_problems, tensor_parallel_problems
+from dtlab.models import MLP, CausalSelfAttention
 from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, enter_region
 
 
@@ -53,12 +54,9 @@ def enter_region_on_input(
 def check_heads(n_heads: int, n_kv_heads: int, tp: int) -> None:
     """Refuse a head split that leaves a rank with part of a head, or of a KV group.
 
-    The rule and its message are :func:`dtlab.models.validate_layout`'s, asked about a shape
-    that has only these heads (so nothing else can fail)."""
-    shape_with_these_heads = GPTConfig(
-        vocab_size=1, seq_len=1, d_model=n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=tp
-    )
-    validate_layout(shape_with_these_heads, tp=tp)
+    The rule and its message are those of
+    :func:`dtlab.mesh.layout_rules.tensor_parallel_problems`."""
+    raise_problems(tensor_parallel_problems(tp, n_heads, n_kv_heads))
 
 
 def parallelize_attention(

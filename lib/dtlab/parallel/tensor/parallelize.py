@@ -63,7 +63,13 @@ import torch
 import torch.nn as nn
 
 from dtlab.comm import Communicator, gather_along
-from dtlab.models import GPTConfig, validate_layout
+from dtlab.mesh.layout_rules import (
+    degree_problems,
+    raise_problems,
+    sequence_parallel_problems,
+    tensor_parallel_problems,
+)
+from dtlab.models import GPTConfig
 from dtlab.parallel.tensor.blocks import parallelize_block
 from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
 from dtlab.parallel.tensor.embedding import VocabParallelEmbedding, pad_vocab
@@ -75,10 +81,6 @@ from dtlab.parallel.tensor.sequence import (
 )
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0)
-
-
 def check_tensor_parallel(
     config: GPTConfig,
     layout: object | None = None,
@@ -88,31 +90,18 @@ def check_tensor_parallel(
 ) -> None:
     """Refuse a TP degree this GPT cannot take, naming every problem and what to choose.
 
-    The heads, KV heads and ``d_ff`` rules (and their messages) are
-    :func:`dtlab.models.validate_layout`'s; this adds what sequence parallelism needs: ``t``
-    divides ``seq_len``. ``vocab_size`` need not divide: :func:`parallelize_gpt` pads it (see the
-    module docstring). Use it before any process starts:
+    The rules (and their messages) are those of :mod:`dtlab.mesh.layout_rules`: ``t`` divides the
+    heads, KV heads and ``d_ff``; with sequence parallelism, ``seq_len`` too.
+    ``vocab_size`` need not divide: :func:`parallelize_gpt` pads it (see the module docstring).
+    Use it before any process starts:
     ``Layout(tp=2).check(2, model_check=tensor_parallel_check(config))``.
     """
     tp = tp if tp is not None else getattr(layout, "tp", 1)
-    problems = []
-    try:
-        validate_layout(config, tp=tp)
-    except ValueError as error:
-        problems += [line.removeprefix("  - ") for line in str(error).splitlines()]
-        problems = [p for p in problems if not p.startswith("this layout does not fit")]
-    if sequence_parallel and config.seq_len % tp:
-        problems.append(
-            f"sequence parallelism cuts seq_len={config.seq_len} into tp={tp} chunks; choose "
-            f"tp from {_divisors(config.seq_len)} (or change seq_len, or turn SP off)"
-        )
-    if len(problems) == 1:
-        raise ValueError(problems[0])
-    if problems:
-        raise ValueError(
-            f"tensor parallelism tp={tp} does not fit the model:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-        )
+    raise_problems(degree_problems(tp=tp))
+    problems = tensor_parallel_problems(tp, config.n_heads, config.n_kv_heads, config.d_ff)
+    if sequence_parallel:
+        problems += sequence_parallel_problems(tp, config.seq_len)
+    raise_problems(problems, f"tensor parallelism tp={tp} does not fit the model")
 
 
 def tensor_parallel_check(

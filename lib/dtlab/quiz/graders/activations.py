@@ -63,15 +63,15 @@ def _recompute_answers() -> dict[Callable, str]:
     import torch
     import torch.utils.checkpoint as ckpt
 
-    from dtlab.parallel import recompute, recompute_policy
+    from dtlab.parallel.activations import op_level_checkpointing, recomputation
 
     answers = {
         ckpt.checkpoint: "torch.utils.checkpoint.checkpoint",
         ckpt.checkpoint_sequential: "torch.utils.checkpoint.checkpoint_sequential",
-        recompute.recompute: "dtlab.parallel.recompute.recompute",
-        recompute._Region.__init__: "dtlab.parallel.recompute (its _Region)",
-        recompute_policy.checkpoint_saving_matmuls: "dtlab.parallel.recompute_policy."
-        "checkpoint_saving_matmuls",
+        recomputation.recompute: "dtlab.parallel.activations.recomputation.recompute",
+        recomputation._Region.__init__: "dtlab.parallel.activations.recomputation (its _Region)",
+        op_level_checkpointing.checkpoint_saving_matmuls: "dtlab.parallel.activations."
+        "op_level_checkpointing.checkpoint_saving_matmuls",
         torch.autograd.graph.save_on_cpu.__init__: "torch.autograd.graph.save_on_cpu "
         "(offloading, not recomputation)",
     }

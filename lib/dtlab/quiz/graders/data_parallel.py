@@ -17,7 +17,7 @@ Right parameters are not enough. While the learner's code runs the grader watche
 flattened bucket, and **not yet waited on** when the hook returns (else the communication cannot
 overlap the rest of backward); the collectives per step must equal the buckets.
 
-Tolerance: :data:`~dtlab.parallel.equivalence.FP32_STEP_TOLERANCE` (1e-5 absolute after 4 fp32
+Tolerance: :data:`~dtlab.parallel.data.equivalence.FP32_STEP_TOLERANCE` (1e-5 absolute after 4 fp32
 steps), the room that a different summation order leaves; a missing average or a stale gradient
 is off by orders of magnitude more. The ZeRO-1 grader (:mod:`~dtlab.quiz.graders.zero`) shares it.
 """
@@ -40,7 +40,7 @@ ONE_ALL_REDUCE_PER_BUCKET = (
 
 
 def step_tolerance() -> float:
-    from dtlab.parallel.equivalence import FP32_STEP_TOLERANCE
+    from dtlab.parallel.data.equivalence import FP32_STEP_TOLERANCE
 
     return FP32_STEP_TOLERANCE
 
@@ -95,8 +95,7 @@ def _train_bucketed_on_rank(fn: Callable) -> dict:
     import torch.distributed as dist
 
     import dtlab
-    from dtlab.parallel.ddp_common import trainable_parameters
-    from dtlab.parallel.equivalence import (
+    from dtlab.parallel.data.equivalence import (
         TiedToyModel,
         lm_loss,
         max_abs_difference,
@@ -104,6 +103,7 @@ def _train_bucketed_on_rank(fn: Callable) -> dict:
         rank_slice,
         toy_batches,
     )
+    from dtlab.parallel.gradient_sync import trainable_parameters
 
     rank, world, device = dist.get_rank(), dist.get_world_size(), dtlab.device()
     batches = [(x.to(device), y.to(device)) for x, y in toy_batches(STEPS)]

@@ -49,8 +49,7 @@ def _train_zero1_on_rank(fn: Callable) -> dict:
     from torch import nn
 
     import dtlab
-    from dtlab.parallel.ddp_common import trainable_parameters
-    from dtlab.parallel.equivalence import (
+    from dtlab.parallel.data.equivalence import (
         TiedToyModel,
         lm_loss,
         max_abs_difference,
@@ -59,7 +58,8 @@ def _train_zero1_on_rank(fn: Callable) -> dict:
         toy_batches,
         train_single_process,
     )
-    from dtlab.parallel.flat_shard import FlatSegment
+    from dtlab.parallel.gradient_sync import trainable_parameters
+    from dtlab.parallel.zero.flat_segment import FlatSegment
 
     rank, world, device = dist.get_rank(), dist.get_world_size(), dtlab.device()
     batches = [(x.to(device), y.to(device)) for x, y in toy_batches(STEPS)]

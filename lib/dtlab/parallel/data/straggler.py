@@ -5,7 +5,7 @@ that step cannot finish until *every* rank has contributed, so each step lasts a
 slowest rank's compute plus the communication: ``t_step = max_r(t_compute[r]) + t_comm``. One
 slow GPU, a noisy neighbour or a thermally throttled node therefore slows the whole job — the
 motivation for backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016) and
-for asynchronous schemes (:mod:`dtlab.parallel.async_sgd`) that give up exact equivalence.
+for asynchronous schemes (:mod:`dtlab.parallel.data.async_sgd`) that give up exact equivalence.
 
 Use :func:`straggle` inside a training step; the delay shows as an ``other`` span named
 ``straggler_delay`` on the slow rank (injected work, not waiting), and the others' ``wait:`` spans grow by the same amount.

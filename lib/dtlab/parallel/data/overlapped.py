@@ -10,14 +10,15 @@ Launch order must be the same on every rank (collectives on a group are matched 
 order), so launches follow a fixed order — reverse registration order, which is roughly the order
 gradients appear — and a gradient that is ready early waits for the ones before it. Bytes are
 the same as naive DDP; what changes is *when* they move. The cost: one small collective per
-parameter, each paying the latency term α — :mod:`dtlab.parallel.ddp_bucketed` fixes that.
+parameter, each paying the latency term α — :mod:`dtlab.parallel.data.bucketed` fixes that.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective
+from dtlab.comm import PendingCollective
+from dtlab.parallel.data.base import DataParallelBase
 
 
 class OverlappedDDP(DataParallelBase):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dtlab.comm import nbytes
-from dtlab.parallel.flat_shard import state_tensor_bytes
+from dtlab.parallel.zero.flat_segment import state_tensor_bytes
 
 
 def _gather_segment(comm, seg, shard: torch.Tensor) -> list[torch.Tensor]:
@@ -69,7 +69,7 @@ def gather_full_parameters(
     masters; frozen parameters come back as they are) or a :class:`~dtlab.parallel.ZeroOptimizer`
     (pass ``module`` for the names; its fp32 masters are gathered).
     """
-    if hasattr(sharded, "units"):  # a FullyShardedDataParallel (zero3 uses this module)
+    if hasattr(sharded, "units"):  # a FullyShardedDataParallel (zero.fsdp uses this module)
         trained = gather_full_tensors(sharded, lambda p: p.detach())
         return {
             name: trained[name] if name in trained else p.detach().cpu().clone()

@@ -2,7 +2,7 @@
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
 (SC 2020), §5. Data parallel ranks hold identical parameters, so they need not *each* keep the
-optimizer state: rank r keeps it for chunk r of every flat segment (:mod:`flat_shard`), steps
+optimizer state: rank r keeps it for chunk r of every flat segment (:mod:`~dtlab.parallel.zero.flat_segment`), steps
 only that chunk, and the ranks then all-gather the updated chunks back into full parameters.
 
 What moves where, per step, with Ψ elements of ``b`` bytes and N ranks:
@@ -30,7 +30,7 @@ working (and a tied weight stays tied). Gradients already accumulated in ``.grad
 optimizer is built are kept and reduced at the next step. After a stage-2 backward the model's
 ``p.grad`` is ``None`` — freeing the full gradient is the point of stage 2 — and this rank's
 averaged chunk is in ``grad_shards`` (``optimizer.full_gradients()`` gathers whole ones).
-Optimizer caveats: see :mod:`flat_shard`.
+Optimizer caveats: see :mod:`~dtlab.parallel.zero.flat_segment`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from torch import nn
 
 from dtlab import trace
 from dtlab.comm import nbytes
-from dtlab.parallel.ddp_bucketed import assign_buckets
-from dtlab.parallel.ddp_common import DataParallelComm, queue_end_of_backward
-from dtlab.parallel.flat_shard import FlatSegment, normalize_param_groups
-from dtlab.parallel.sharded_optimizer import MasterShardOptimizer
+from dtlab.parallel.gradient_sync import DataParallelComm, assign_buckets, queue_end_of_backward
+from dtlab.parallel.zero.flat_segment import FlatSegment, normalize_param_groups
+from dtlab.parallel.zero.master_shards import MasterShardOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
 

@@ -1,13 +1,15 @@
-"""What every data-parallel wrapper shares: the DDP contract and its communicator.
+"""The DDP contract: what naive, overlapped and bucketed DDP share (:class:`DataParallelBase`).
 
 Data parallelism (Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training", VLDB 2020) keeps a full replica of the model on every rank, feeds each rank a different
 slice of the global batch, and averages the gradients before the optimizer step, so every replica
 takes the same step and the replicas never drift apart.
 
-Collectives go through a :class:`DataParallelComm` (a :class:`~dtlab.comm.Communicator` on the dp group): torch's own
-(``collectives="torch"``, bytes by the ring convention) or dtlab's counted rings
-(``collectives="dtlab"``, every byte counted from real messages) — see :mod:`dtlab.comm`.
+Collectives go through a :class:`~dtlab.parallel.gradient_sync.DataParallelComm` (a
+:class:`~dtlab.comm.Communicator` on the dp group): torch's own (``collectives="torch"``, bytes by
+the ring convention) or dtlab's counted rings (``collectives="dtlab"``, every byte counted from
+real messages) — see :mod:`dtlab.comm`. The communicator, the start-up broadcast and the
+end-of-backward queue live in :mod:`dtlab.parallel.gradient_sync`, shared with ZeRO/FSDP.
 """
 
 from __future__ import annotations
@@ -20,61 +22,14 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
-from dtlab.comm import Communicator, PendingCollective, nbytes, ring_bytes_sent
+from dtlab.parallel.gradient_sync import (
+    DataParallelComm,
+    broadcast_module_state,
+    queue_end_of_backward,
+    trainable_parameters,
+)
 
-__all__ = [
-    "CommStats",
-    "DataParallelBase",
-    "DataParallelComm",
-    "PendingCollective",
-    "all_gather",
-    "broadcast_module_state",
-    "nbytes",
-    "queue_end_of_backward",
-    "reduce_scatter",
-    "ring_bytes_sent",
-    "trainable_parameters",
-]
-
-
-class DataParallelComm(Communicator):
-    """The data-parallel group's :class:`~dtlab.comm.Communicator` (spans labelled ``dp``)."""
-
-    def __init__(self, group: dist.ProcessGroup | None = None, collectives: str = "torch") -> None:
-        super().__init__(group, collectives, dim="dp")
-
-
-def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group=None) -> None:
-    """Exercise helper: rank r receives the sum of chunk r of every rank's ``full`` in ``shard``.
-
-    Runs on dtlab's counted ring, so a grader can hold the bytes to (N-1)/N · bytes(full).
-    """
-    DataParallelComm(group, "dtlab").reduce_scatter(shard, full)
-
-
-def all_gather(full: torch.Tensor, shard: torch.Tensor, group=None) -> None:
-    """Exercise helper: every rank's ``shard`` concatenated into ``full`` (counted ring)."""
-    DataParallelComm(group, "dtlab").all_gather(full, shard)
-
-
-def broadcast_module_state(module: nn.Module, comm: DataParallelComm) -> None:
-    """Copy group rank 0's parameters and buffers (frozen ones too) to every rank.
-
-    Replicas must *start* equal: identical averaged gradients only keep them equal.
-    """
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            comm.broadcast(t.data, name="broadcast_state")
-
-
-def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """Parameters that get gradients, each once (a tied weight appears once), in registration order."""
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def queue_end_of_backward(callback) -> None:
-    """Run ``callback`` once the current backward pass has finished (all gradients accumulated)."""
-    torch.autograd.Variable._execution_engine.queue_callback(callback)
+__all__ = ["DataParallelBase"]
 
 
 class DataParallelBase(nn.Module):

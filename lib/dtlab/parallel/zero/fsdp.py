@@ -4,7 +4,7 @@ Rajbhandari et al. (SC 2020) §5.3 and Zhao et al., "PyTorch FSDP: Experiences o
 Sharded Data Parallel" (VLDB 2023). The model is cut into *units* (typically one per transformer
 block, plus the *root* unit holding everything else: embeddings, final norm, head); units may
 nest (a norm inside a block), and a parameter belongs to the innermost unit that contains it.
-Between uses a rank keeps only chunk r of each unit's flat segment (:mod:`fsdp_unit`). What moves
+Between uses a rank keeps only chunk r of each unit's flat segment (:mod:`~dtlab.parallel.zero.fsdp_unit`). What moves
 where:
 
 * **forward** — before unit k runs, all-gather its parameters ((N-1)/N·Ψ_k·b bytes sent per
@@ -55,14 +55,14 @@ from torch import nn
 
 from dtlab.collectives.stats import CommStats
 from dtlab.comm import nbytes
-from dtlab.parallel.ddp_common import (
+from dtlab.parallel.gradient_sync import (
     DataParallelComm,
     broadcast_module_state,
     queue_end_of_backward,
 )
-from dtlab.parallel.fsdp_layout import assign_units, cast_inputs, tensors_in
-from dtlab.parallel.fsdp_unit import FSDPUnit
-from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
+from dtlab.parallel.zero.fsdp_layout import assign_units, cast_inputs, tensors_in
+from dtlab.parallel.zero.fsdp_unit import FSDPUnit
+from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.precision.mixed_precision import MixedPrecision
 
 Policy = MixedPrecision | Callable[[nn.Module], MixedPrecision | None] | None
@@ -236,13 +236,13 @@ class FullyShardedDataParallel(nn.Module):
     @torch.no_grad()
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's whole averaged gradient by name (all-gathered; for logging/tests)."""
-        from dtlab.parallel.full_state import gather_full_tensors
+        from dtlab.parallel.zero.full_state import gather_full_tensors
 
         return gather_full_tensors(self, lambda p: p.grad)
 
     def held_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
         """Bytes this rank holds now by category, measured from the tensors, and by device."""
-        from dtlab.parallel.full_state import held_by_category
+        from dtlab.parallel.zero.full_state import held_by_category
 
         return held_by_category(self, optimizer)
 

@@ -5,14 +5,14 @@ for every parameter. For each trainable parameter (registration order) the ranks
 (sum) that gradient and divide by N, so every rank ends with the global-batch average. Bytes sent
 per rank per step: 2(N-1)/N * Ψ * bytes_per_grad — the same as any DDP, but none of it overlaps
 the backward pass: the network idles during backward and the CPU/GPU idles during communication.
-Compare with :mod:`dtlab.parallel.ddp_overlap` and :mod:`dtlab.parallel.ddp_bucketed`.
+Compare with :mod:`dtlab.parallel.data.overlapped` and :mod:`dtlab.parallel.data.bucketed`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase
+from dtlab.parallel.data.base import DataParallelBase
 
 
 class NaiveDDP(DataParallelBase):

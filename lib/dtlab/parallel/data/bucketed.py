@@ -10,7 +10,9 @@ copied into) is all-reduced asynchronously; buckets launch in index order on eve
 
 Bytes per rank per step are the same as naive DDP, 2(N-1)/N * Ψ * bytes_per_grad, but spread over
 ``len(buckets)`` collectives instead of one per parameter: fewer latency (α) terms than
-:mod:`dtlab.parallel.ddp_overlap`, more overlap than :mod:`dtlab.parallel.ddp_naive`.
+:mod:`dtlab.parallel.data.overlapped`, more overlap than :mod:`dtlab.parallel.data.naive`.
+The bucketing rule, :func:`~dtlab.parallel.gradient_sync.assign_buckets`, is shared with ZeRO-1/2,
+which cuts its flat segments the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dtlab.parallel.ddp_common import DataParallelBase, PendingCollective
-
-MB = 1024 * 1024
+from dtlab.comm import PendingCollective
+from dtlab.parallel.data.base import DataParallelBase
+from dtlab.parallel.gradient_sync import assign_buckets
 
 
 @dataclass
@@ -36,28 +38,6 @@ class Bucket:
     def slot(self, i: int) -> torch.Tensor:
         p = self.params[i]
         return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
-
-
-def assign_buckets(
-    params: list[nn.Parameter], bucket_cap_mb: float, first_bucket_mb: float | None = None
-) -> list[list[nn.Parameter]]:
-    """Split ``params`` (reverse registration order, grouped by dtype) into bucket-sized lists.
-
-    A parameter larger than the cap gets a bucket of its own.
-    """
-    groups: list[list[nn.Parameter]] = []
-    open_by_dtype: dict[torch.dtype, tuple[list[nn.Parameter], int]] = {}
-    for p in reversed(params):
-        current, size = open_by_dtype.get(p.dtype, (None, 0))
-        is_first = current is not None and current is groups[0]
-        cap = (first_bucket_mb if is_first and first_bucket_mb is not None else bucket_cap_mb) * MB
-        p_bytes = p.numel() * p.element_size()
-        if current is None or (size + p_bytes > cap and current):
-            current, size = [], 0
-            groups.append(current)
-        current.append(p)
-        open_by_dtype[p.dtype] = (current, size + p_bytes)
-    return groups
 
 
 class BucketedDDP(DataParallelBase):

@@ -29,10 +29,10 @@ from torch import nn
 
 from dtlab import trace
 from dtlab.comm import nbytes
-from dtlab.parallel.ddp_common import DataParallelComm
-from dtlab.parallel.flat_shard import FlatSegment
-from dtlab.parallel.grad_clip import clip_sharded_grad_norm_
-from dtlab.parallel.offload import host_buffer
+from dtlab.parallel.gradient_sync import DataParallelComm
+from dtlab.parallel.zero.flat_segment import FlatSegment
+from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
+from dtlab.parallel.zero.optimizer_offload import host_buffer
 from dtlab.precision.mixed_precision import MixedPrecision
 
 
@@ -104,7 +104,7 @@ class MasterShardOptimizer(torch.optim.Optimizer):
         self._reduce_gradients()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip by the true global norm over all ranks' shards (see :mod:`grad_clip`)."""
+        """Clip by the true global norm over all ranks' shards (see :mod:`~dtlab.parallel.zero.grad_clip`)."""
         self.finish_gradient_synchronization()
         return clip_sharded_grad_norm_(self.grad_shards, max_norm, self.comm)
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtlab.parallel.ddp_common import DataParallelComm
+from dtlab.parallel.gradient_sync import DataParallelComm
 
 
 def _sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:

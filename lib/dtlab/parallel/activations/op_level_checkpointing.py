@@ -1,7 +1,8 @@
 """PyTorch's op-level selective checkpointing, beside Megatron's region-level selective recompute.
 
 Megatron (Korthikanti et al. 2022) picks a *region* to recompute — the attention core — because
-its tensors are ``a·s²·b``-sized but cheap (:func:`dtlab.parallel.recompute.recompute_attention_core`).
+its tensors are ``a·s²·b``-sized but cheap
+(:func:`~dtlab.parallel.activations.recomputation.recompute_attention_core`).
 PyTorch's selective activation checkpointing (``torch.utils.checkpoint`` with
 ``context_fn=create_selective_checkpoint_contexts(policy)``, torch ≥ 2.4) picks *ops*: a policy
 sees every aten op of a checkpointed region and answers save or recompute. The classic policy

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dtlab.collectives.stats import CommStats
 from dtlab.memory import measure_model_state
-from dtlab.parallel.ddp_bucketed import BucketedDDP
-from dtlab.parallel.ddp_common import CommStats
-from dtlab.parallel.zero3 import FullyShardedDataParallel
-from dtlab.parallel.zero_optimizer import ZeroOptimizer
+from dtlab.parallel.data import BucketedDDP  # stage 0 is DDP: the data family's public surface
+from dtlab.parallel.zero.fsdp import FullyShardedDataParallel
+from dtlab.parallel.zero.optimizer import ZeroOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision
 
 

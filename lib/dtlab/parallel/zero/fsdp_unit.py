@@ -3,7 +3,7 @@
 A unit (Zhao et al., "PyTorch FSDP", VLDB 2023) is a module whose parameters are gathered and
 freed together. It holds two kinds of trainable parameter:
 
-* **sharded** — laid end to end in one :class:`~dtlab.parallel.flat_shard.FlatSegment`. Rank r
+* **sharded** — laid end to end in one :class:`~dtlab.parallel.zero.flat_segment.FlatSegment`. Rank r
   keeps chunk r of it (``shard``, in the parameters' own dtype, fp32 in practice: these are the
   master weights). What the module registers between steps is one ``nn.Parameter`` per original
   parameter, a 1-D *view* of the part of ``shard`` that falls in that parameter (possibly empty),
@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from dtlab.comm import PendingCollective, nbytes
-from dtlab.parallel.ddp_common import DataParallelComm
-from dtlab.parallel.flat_shard import FlatSegment
+from dtlab.parallel.gradient_sync import DataParallelComm
+from dtlab.parallel.zero.flat_segment import FlatSegment
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
 Slot = tuple[nn.Module, str]
