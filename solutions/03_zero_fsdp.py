@@ -108,7 +108,7 @@ def held_after_backward(stage: int, mixed: bool = False) -> dict:
         torch.optim.AdamW,
         mixed_precision=precision,
         units=list(model.blocks),
-        collectives="dtlab",  # our own rings: every byte in `stats` is counted from a message
+        collectives="dtlab",  # our own rings: every byte in `comm_stats` is counted from a message
         lr=1e-3,
     )
     forward, opt, stats = setup.forward, setup.optimizer, setup.comm_stats

@@ -199,11 +199,11 @@ def parallel_mlp_counted() -> dict:
     parallelize_mlp(mlp, comm)
     m = {name: v.to(device) for name, v in mlp_tensors().items()}
     x = m["x"].requires_grad_()
-    comm.stats.reset()
+    comm.comm_stats.reset()
     z = mlp(x)
-    forward = comm.stats.snapshot()
+    forward = comm.comm_stats.snapshot()
     z.backward(m["dy_out"])
-    backward = comm.stats - forward
+    backward = comm.comm_stats - forward
     return {
         "passes": [(s.calls, s.bytes_by_op) for s in (forward, backward)],
         "z": z.detach().cpu(),
@@ -350,7 +350,7 @@ def whole_model_counted() -> dict:
     tp = parallelize_gpt(model, Mesh(tp=t), collectives="dtlab")
     batch = SyntheticTokens(CONFIG, n_batches=1, batch_size=B, seed=0)[0]
     tokens, targets = (v.to(device) for v in batch)
-    block, stats = tp.model.blocks[0], tp.comm.stats
+    block, stats = tp.model.blocks[0], tp.comm.comm_stats
     x = torch.randn(B, S, H, dtype=torch.float64, device=device, requires_grad=True)
     stats.reset()
     y = block(x)
@@ -489,8 +489,8 @@ def loss_from_vocab_slices(vocab: int) -> dict:
     return {
         "loss": loss.item(),
         "want": F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(),
-        "sent": comm.stats.bytes_sent,
-        "calls": comm.stats.calls,
+        "sent": comm.comm_stats.bytes_sent,
+        "calls": comm.comm_stats.calls,
     }
 
 
@@ -642,7 +642,7 @@ for tp in (3, 4):
 def one_block(sequence_parallel: bool) -> dict:
     t, device = dtlab.world_size(), dtlab.device()
     tp = parallelize_gpt(GPT(CONFIG, seed=0, device=device), Mesh(tp=t), sequence_parallel, "dtlab")
-    block, stats = tp.model.blocks[0], tp.comm.stats
+    block, stats = tp.model.blocks[0], tp.comm.comm_stats
     local_seq = S // t if sequence_parallel else S  # with SP a block sees only this rank's tokens
     x = torch.randn(B, local_seq, H, device=device, requires_grad=True)
     stats.reset()
@@ -791,7 +791,7 @@ def bytes_per_step(method: str, batch: int) -> float:
         tp = parallelize_gpt(model, Mesh(tp=t), collectives="dtlab")
         tp.loss(tp.model(tokens.to(device)), targets.to(device)).backward()
         tp.finish_gradients()
-        return tp.comm.stats.bytes_sent
+        return tp.comm.comm_stats.bytes_sent
     setup = shard_by_zero_stage(
         model, 3, torch.optim.SGD, units=list(model.blocks), collectives="dtlab", lr=0.1
     )

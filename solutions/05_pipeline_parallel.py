@@ -218,7 +218,7 @@ def run_every_schedule(names: list[str], p: int, m: int, steps: int) -> dict:
         pipe = PipelineExecutor(mine, schedule, comm, hidden_size=CONFIG.d_model, loss_fn=loss_fn)
         for step in range(-1, steps):  # step -1 warms up
             dist.barrier()
-            comm.stats.reset()
+            comm.comm_stats.reset()
             with trace.labels(schedule=name, step=step):
                 if step == 0:
                     everything = torch.nn.ModuleList(mine.values())
@@ -227,7 +227,7 @@ def run_every_schedule(names: list[str], p: int, m: int, steps: int) -> dict:
                 else:
                     pipe.step(inputs, targets)
             if step == 0:
-                out[name] = {"peak_bytes": meter.peak_bytes, "sent": comm.stats.bytes_sent}
+                out[name] = {"peak_bytes": meter.peak_bytes, "sent": comm.comm_stats.bytes_sent}
     if mesh.pp_rank == 0:  # one micro-batch through stage 0 of a p-stage cut, for scale
         first = split_into_stages(GPT(CONFIG, seed=0, device=device), p)[0]
         with ActivationMeter(first, exclude=[inputs]) as one:

@@ -206,13 +206,13 @@ def ring_on_rank(style: str, causal: bool, steps: int, seq_len: int = S) -> dict
     pos = shard_positions(seq_len, comm.world_size, comm.rank, style)
     work = AttentionWork()
     for step in range(-1, steps):  # step -1 warms up
-        comm.stats.reset()
+        comm.comm_stats.reset()
         with trace.labels(step=step):
             mine = [t.clone().requires_grad_() for t in local]
             out = ring_attention(*mine, pos, pos, comm, causal=causal, work=work)
             out.sum().backward()
         if step == -1:
-            sent_forward_and_backward = comm.stats.bytes_sent
+            sent_forward_and_backward = comm.comm_stats.bytes_sent
             work = AttentionWork()  # count one pass per timed step
     gap = (out.detach() - want.index_select(2, pos)).abs().max().item()
     return {
@@ -404,10 +404,10 @@ def ulysses_on_rank() -> dict:
     pos = shard_positions(S, comm.world_size, comm.rank, "zigzag")
     sent = {}
     for name, attend in (("ulysses", ulysses_attention), ("allgather", allgather_attention)):
-        comm.stats.reset()
+        comm.comm_stats.reset()
         out = attend(*local, pos, pos, comm, causal=True)
         gap = (out - want.index_select(2, pos)).abs().max().item()
-        sent[name] = (gap, comm.stats.bytes_by_op)
+        sent[name] = (gap, comm.comm_stats.bytes_by_op)
     return sent
 
 

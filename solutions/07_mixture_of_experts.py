@@ -324,9 +324,9 @@ def ep_step(capacity_factor: float | None, hot: float = 0.0) -> dict:
     with trace.labels(step=0):
         loss = loss_fn(model(x), y) + model.aux_loss
         loss.backward()
-    sent = parallel.ep.stats.bytes_sent
+    sent = parallel.ep.comm_stats.bytes_sent
     parallel.average_gradients(model)
-    synced = {"dp": parallel.dp.stats.bytes_sent, "edp": parallel.edp.stats.bytes_sent}
+    synced = {"dp": parallel.dp.comm_stats.bytes_sent, "edp": parallel.edp.comm_stats.bytes_sent}
     expert_params = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     dense_params = sum(p.numel() for p in model.parameters()) - expert_params
     mean = loss.detach().clone()

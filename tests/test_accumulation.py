@@ -80,7 +80,7 @@ def _data_parallel_accumulation() -> dict:
 
     model = GPT(CONFIG, seed=0)
     zero2 = ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=2, lr=1.0)
-    zero2.comm.stats.reset()
+    zero2.comm.comm_stats.reset()
     accumulate_gradients(model, micro, loss_fn, no_sync=False)
     zero2_bytes, zero2_calls = zero2.comm_stats.bytes_sent, zero2.comm_stats.calls
     zero2_grads = zero2.full_gradients(model)

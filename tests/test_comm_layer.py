@@ -66,7 +66,7 @@ def _distributed(op: str, collectives: str) -> dict:
         "reduce_scatter": lambda t: reduce_scatter_along(t, 1, comm),
     }[op]
     y = forward(x)
-    sent_forward = comm.stats.bytes_sent
+    sent_forward = comm.comm_stats.bytes_sent
     if op == "gather":
         w = w.repeat(1, n, 1)
     elif op == "reduce_scatter":
@@ -75,8 +75,8 @@ def _distributed(op: str, collectives: str) -> dict:
     want = _reference(op, xs, ws)[0 if op == "copy" else rank]
     return {
         "grad_error": (x.grad - want).abs().max().item(),
-        "sent": (sent_forward, comm.stats.bytes_sent - sent_forward),
-        "counted": comm.stats.counted,
+        "sent": (sent_forward, comm.comm_stats.bytes_sent - sent_forward),
+        "counted": comm.comm_stats.counted,
     }
 
 
@@ -159,3 +159,160 @@ def test_spans_carry_group_micro_batch_and_phase_and_only_the_tp_peers_take_part
         assert values == [3.0] * 4  # 1 + 2 over the two tp peers, not 1 + 2 + 1 + 2
     spans = run.trace.filter(kind="comm", group="tp").spans
     assert spans and all(s.labels["micro_batch"] == 3 and s.labels["phase"] == "F" for s in spans)
+
+
+# -- non-blocking point to point, control messages, the refused overlap, groups ---------------
+def _ring_step(collectives: str) -> dict:
+    comm = Communicator(collectives=collectives, dim="cp")
+    n, rank = comm.world_size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    outgoing = [torch.full((5,), float(rank)), torch.full((3,), 10.0 + rank)]
+    incoming = [torch.empty(5), torch.empty(3)]
+    pending = comm.start_exchange(
+        [(right, t) for t in outgoing], [(left, t) for t in incoming], name="step", op="ring"
+    )
+    computed = torch.ones(64, 64) @ torch.ones(64, 64)  # runs while the messages travel
+    pending.wait()
+    pending.wait()  # idempotent
+    single = torch.empty(2)
+    send = comm.isend(torch.full((2,), float(rank)), right, name="one")
+    recv = comm.irecv(single, left, name="one_back")
+    send.wait()
+    recv.wait()
+    return {
+        "received": [t.tolist() for t in incoming],
+        "single": single.tolist(),
+        "left": left,
+        "by_op": dict(comm.comm_stats.bytes_by_op),
+        "sent": comm.comm_stats.bytes_sent,
+        "received_bytes": comm.comm_stats.bytes_received,
+        "messages": (comm.comm_stats.messages_sent, comm.comm_stats.messages_received),
+        "computed": computed[0, 0].item(),
+    }
+
+
+@pytest.mark.parametrize("collectives", ["dtlab", "torch"])
+def test_posted_messages_arrive_are_counted_and_drawn_with_their_exposed_wait(
+    collectives, cluster2
+):
+    run = cluster2.run(_ring_step, collectives)
+    for r in run:
+        left = r["left"]
+        assert r["received"] == [[float(left)] * 5, [10.0 + left] * 3]
+        assert r["single"] == [float(left)] * 2
+        # counted from the posted messages on either path: 8 + 2 floats out, as many in
+        assert r["by_op"] == {"ring_send": 32, "ring_recv": 0, "send": 8, "recv": 0}
+        assert (r["sent"], r["received_bytes"], r["messages"]) == (40, 40, (3, 3))
+    spans = run.trace.spans
+    for rank in (0, 1):
+        step = [s for s in spans if s.rank == rank and s.name == "step"]
+        assert len(step) == 1 and step[0].kind == "comm" and step[0].nbytes == 32
+        assert step[0].labels["to"] == [[1 - rank, 32]] and step[0].labels["group"] == "cp"
+        assert [s.kind for s in spans if s.rank == rank and s.name == "wait:step"] == ["idle"]
+    assert dtlab.collectives.traffic_matrix(spans, 2) == [[0, 40], [40, 0]]
+
+
+def _parameter_server() -> list[int]:
+    comm = Communicator(dim="ps")
+    if comm.rank != 0:
+        comm.send(torch.full((3,), float(comm.rank)), 0)
+        return []
+    senders = []
+    for _ in range(comm.world_size - 1):
+        got = torch.empty(3)
+        sender = comm.recv(got)  # from whoever sends first
+        assert got.tolist() == [float(sender)] * 3
+        senders.append(sender)
+    try:
+        Communicator(collectives="dtlab").recv(torch.empty(1))
+    except ValueError as error:
+        assert "source=None" in str(error)
+    else:
+        raise AssertionError("the counted path must refuse a receive from any rank")
+    return sorted(senders)
+
+
+def test_a_receive_from_any_rank_returns_the_sender(cluster4):
+    assert cluster4.run(_parameter_server)[0] == [1, 2, 3]
+
+
+def _control_report() -> dict:
+    from dtlab.mesh import Mesh
+
+    mesh = Mesh(dp=2, tp=2)
+    comm = Communicator.along(mesh, "dp", collectives="dtlab")
+    loss = torch.tensor([float(dtlab.rank())], dtype=torch.float64)
+    comm.all_reduce_control(loss, name="loss")
+    flags = torch.tensor([dtlab.rank() % 2, 1], dtype=torch.int32)
+    comm.all_reduce_control(flags, name="unused_parameters", op="max")
+    return {
+        "loss": loss.item(),
+        "flags": flags.tolist(),
+        "dp_ranks": mesh.dp_ranks,
+        "stats": (comm.comm_stats.calls, comm.comm_stats.bytes_sent, comm.comm_stats.messages_sent),
+    }
+
+
+def test_scalar_reports_are_uncounted_control_messages_drawn_with_their_group(cluster4):
+    run = cluster4.run(_control_report)
+    for r in run:
+        assert r["loss"] == float(sum(r["dp_ranks"]))
+        assert r["flags"] == [max(q % 2 for q in r["dp_ranks"]), 1]
+        assert r["stats"] == (0, 0, 0)  # payload bytes stay the payload's
+    controls = [s for s in run.trace.spans if s.labels.get("control")]
+    assert {s.name for s in controls} == {"loss (control)", "unused_parameters (control)"}
+    assert all(s.kind == "other" and s.labels["group"] == "dp" for s in controls)
+    assert len(controls) == 2 * 4
+    assert not [s for s in run.trace.spans if s.kind == "comm"]
+
+
+def _asynchronous(collectives: str) -> dict:
+    import warnings
+
+    comm = Communicator(collectives=collectives, dim="dp")
+    x = torch.ones(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = comm.all_reduce(x, name="prefetch", async_op=True)
+        second = comm.all_gather(torch.empty(8 * comm.world_size), x, async_op=True)
+    first.wait()
+    second.wait()
+    return {
+        "overlaps": comm.overlaps,
+        "overlapped": (first.overlapped, second.overlapped),
+        "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+        "value": x.tolist(),
+    }
+
+
+def test_the_counted_path_refuses_overlap_loudly_once_and_torch_overlaps(cluster2):
+    counted, real = cluster2.run(_asynchronous, "dtlab")[0], cluster2.run(_asynchronous, "torch")[0]
+    assert counted["value"] == real["value"] == [2.0] * 8
+    assert (counted["overlaps"], counted["overlapped"]) == (False, (False, False))
+    assert (real["overlaps"], real["overlapped"]) == (True, (True, True))
+    assert real["warnings"] == []
+    [(category, message)] = counted["warnings"]  # once per communicator, not per call
+    assert category == "OverlapRefused"
+    assert "'prefetch'" in message and "collectives='torch'" in message
+
+
+def _among() -> dict:
+    pairs = [[0, 3], [1, 2]]
+    comm = Communicator.among(pairs, collectives="dtlab", dim="embedding")
+    again = Communicator.among(pairs, dim="embedding")  # cached: the same group
+    x = torch.tensor([float(dtlab.rank())])
+    comm.all_reduce(x)
+    none = Communicator.among([[0, 1]])
+    return {
+        "ranks": comm.ranks,
+        "sum": x.item(),
+        "same_group": again.group is comm.group,
+        "outside": none is None,
+    }
+
+
+def test_groups_over_rank_lists_come_from_the_layer_once(cluster4):
+    for rank, r in enumerate(cluster4.run(_among)):
+        pair = [0, 3] if rank in (0, 3) else [1, 2]
+        assert r["ranks"] == pair and r["sum"] == float(sum(pair)) and r["same_group"]
+        assert r["outside"] == (rank not in (0, 1))

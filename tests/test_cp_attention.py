@@ -48,16 +48,16 @@ def _attention_on_rank(method: str, style: str, causal: bool, heads: int, kv_hea
     pos = shard_sequence(q, comm.world_size, comm.rank, style, dim=2)[1]
     local = [mine(t).requires_grad_() for t in (q, k, v)]
     work = AttentionWork()
-    before = comm.stats.snapshot()
+    before = comm.comm_stats.snapshot()
     if method == "ring":
         out = ring_attention(*local, pos, pos, comm, causal=causal, work=work)
     elif method == "allgather":
         out = allgather_attention(*local, pos, pos, comm, causal=causal)
     else:
         out = ulysses_attention(*local, pos, pos, comm, causal=causal)
-    forward = (comm.stats - before).bytes_by_op
+    forward = (comm.comm_stats - before).bytes_by_op
     out.backward(mine(d_out))
-    both = (comm.stats - before).bytes_by_op
+    both = (comm.comm_stats - before).bytes_by_op
     errors = [(out - mine(ref_out)).abs().max().item()]
     errors += [(t.grad - mine(r.grad)).abs().max().item() for t, r in zip(local, ref, strict=True)]
     return {
@@ -194,8 +194,8 @@ def _uneven_on_rank(method: str, layout: str, collectives: str) -> dict:
     try:
         attention(q, k, v, positions, positions, comm)
     except dtlab.collectives.CollectiveMismatch as error:
-        return {"error": str(error), "bytes": comm.stats.bytes_sent}
-    return {"error": None, "bytes": comm.stats.bytes_sent}
+        return {"error": str(error), "bytes": comm.comm_stats.bytes_sent}
+    return {"error": None, "bytes": comm.comm_stats.bytes_sent}
 
 
 def _raise_uneven(method: str, layout: str, collectives: str) -> None:

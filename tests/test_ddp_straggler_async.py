@@ -61,7 +61,8 @@ def test_async_sgd_with_one_worker_is_sequential_sgd(cluster2):
 
 
 def test_async_sgd_applies_every_push_and_reports_staleness(cluster4):
-    (result, _), *_ = cluster4.run(_async_sgd, 4)
+    run = cluster4.run(_async_sgd, 4)
+    (result, _), *_ = run
     assert sorted(result.senders) == sorted([1, 2, 3] * 4)
     assert all(s >= 0 for s in result.staleness)
     # A worker's first gradient was computed at version 0, so its staleness is exactly the number
@@ -70,3 +71,9 @@ def test_async_sgd_applies_every_push_and_reports_staleness(cluster4):
         first = result.senders.index(worker)
         assert result.staleness[first] == first
     assert result.mean_staleness > 0  # with 3 workers someone is always behind
+    # Every message went through the communication layer: its spans carry the group and bytes.
+    comm = [s for s in run.trace.spans if s.kind == "comm"]
+    pushes = [s for s in comm if s.name == "push_gradient"]
+    assert len(pushes) == 3 * 4 and all(s.labels["group"] == "ps" for s in comm)
+    assert len([s for s in comm if s.name == "recv_gradient" and s.rank == 0]) == 3 * 4
+    assert len({s.nbytes for s in pushes}) == 1 and pushes[0].nbytes > 0

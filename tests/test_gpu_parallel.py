@@ -84,9 +84,9 @@ def test_ddp_zero_fsdp_and_clipping_accept_cuda_tensors_on_nccl():
 
 
 def _comm_spans_use_cuda_events() -> list[tuple[str, float]]:
-    from dtlab.parallel import DataParallelComm
+    from dtlab.comm import Communicator
 
-    comm = DataParallelComm()
+    comm = Communicator(dim="dp")
     big = torch.ones(64 * 2**20 // 4, device=dtlab.device())
     pending = comm.all_reduce(big, name="async_all_reduce", async_op=True)
     pending.wait()

@@ -64,7 +64,7 @@ def _layer_on_rank(ep: int, capacity_factor, hot: float, dtype=torch.float64, ba
     x = xs[rank].clone().requires_grad_()
     out, aux = layer(x)
     ((out * grads_out[rank]).sum() + aux).backward()
-    sent_forward_backward = parallel.ep.stats.bytes_sent
+    sent_forward_backward = parallel.ep.comm_stats.bytes_sent
     parallel.average_gradients(layer)  # the mean over shards: compare world · grad with the sum
 
     per, ep_rank = layer.experts.n_experts, parallel.mesh.ep_rank  # this rank's share

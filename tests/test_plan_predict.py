@@ -61,7 +61,7 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: i
     return {
         "state": {k: measured_state[k] / predicted_state[k] for k in predicted_state},
         "counted": composed.traffic(),
-        "measured_counted": all(c.stats.counted for c in composed.communicators().values()),
+        "measured_counted": all(c.comm_stats.counted for c in composed.communicators.values()),
         "predicted": predicted,
         "held": held,
         "predicted_held": parameters_per_rank(config, layout, mesh.pp_rank)

@@ -84,7 +84,7 @@ def _counted_bytes_on_rank(name: str, p: int, m: int) -> dict:
     config = GPTConfig.tiny(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=2 * p)
     pipe = pipeline_gpt(GPT(config, seed=0), mesh, SCHEDULES[name](p, m), collectives="dtlab")
     pipe.step(*SyntheticTokens(config, 1, MICRO_BATCH * m, seed=3)[0])
-    stats = pipe.comm.stats
+    stats = pipe.comm.comm_stats
     return {"sent": stats.bytes_sent, "received": stats.bytes_received, "counted": stats.counted}
 
 

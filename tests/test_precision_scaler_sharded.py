@@ -68,9 +68,9 @@ def _one_rank_overflows(wrapper: str) -> dict:
         scaled = [g.clone() for g in mine]
         if wrapper != "ddp" and step == 1 and rank == last:
             mine[0].view(-1)[0] = float("inf")  # only the last rank's shard holds it
-        comm.stats.reset()
+        comm.comm_stats.reset()
         stepped = scaler.step(opt)
-        flag_calls, flag_bytes = comm.stats.calls, comm.stats.bytes_sent
+        flag_calls, flag_bytes = comm.comm_stats.calls, comm.comm_stats.bytes_sent
         unscaled_here = all(
             torch.equal(g, s / 2.0**8) for g, s in zip(mine, scaled, strict=True) if step == 0
         )

@@ -161,10 +161,10 @@ def _under_tensor_parallel(sequence_parallel: bool) -> dict:
         run = run if run is not None else recompute_attention_core(tp.model)
         tokens, targets = _batch()
         torch.manual_seed(5)
-        tp.comm.stats.reset()
+        tp.comm.comm_stats.reset()
         tp.loss(run(tokens), targets).backward()
         tp.finish_gradients()
-        results[mode] = (tp.comm.stats.bytes_sent, tp.full_gradients())
+        results[mode] = (tp.comm.comm_stats.bytes_sent, tp.full_gradients())
     plain_bytes, plain_grads = results["none"]
     block_forward = sum(comm_bytes_per_layer(B, 16, 32, 2, sequence_parallel).values())
     return {

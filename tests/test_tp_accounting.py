@@ -32,7 +32,7 @@ def _counted_on_rank(sequence_parallel: bool) -> dict:
 
     t = torch.distributed.get_world_size()
     tp = parallelize_gpt(GPT(CONFIG, seed=0), Mesh(tp=t), sequence_parallel, "dtlab")
-    stats = tp.comm.stats
+    stats = tp.comm.comm_stats
     local_seq = CONFIG.seq_len // (t if sequence_parallel else 1)
 
     # One layer: a block's forward, then its backward.

@@ -14,7 +14,7 @@ import dtlab.files
 from dtlab.quiz.bank import Bank
 from dtlab.quiz.progress import record_attempt
 from dtlab.quiz.schema import Choice, Item
-from dtlab.workshop.scores import (
+from dtlab.quiz.scores import (
     CSV_COLUMNS,
     FORMULA_TRIGGERS,
     aggregate_scores,
@@ -204,7 +204,7 @@ def test_one_seat_name_on_two_installs_is_two_learners_and_copies_count_once(tmp
 
 
 def test_leaderboard_ids_cannot_carry_terminal_escape_codes():
-    from dtlab.workshop.scores import display_id
+    from dtlab.quiz.scores import display_id
 
     assert display_id("\x1b[2Jr-3fa2") == "?[2Jr-3fa2"
     assert display_id("r-3fa2c1d0ffff") == "r-3fa2c1d0"

@@ -11,6 +11,7 @@ Inside a function run on the cluster (or under ``torchrun``), ``dtlab.rank()``,
 ``dtlab.world_size()`` and ``dtlab.device()`` say who and where this rank is.
 """
 
+from dtlab.mesh.mesh import split_into_groups
 from dtlab.runtime.context import (
     barrier,
     device,
@@ -18,7 +19,6 @@ from dtlab.runtime.context import (
     is_distributed,
     local_rank,
     rank,
-    split_into_groups,
     world_size,
 )
 

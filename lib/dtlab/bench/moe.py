@@ -60,15 +60,15 @@ def _measure_on_rank(
     order = torch.argsort(expert, stable=True)
     rows = x.repeat_interleave(top_k, 0)[order].contiguous()
     counts = torch.bincount(expert, minlength=experts)
-    comms = {v: Communicator(None, collectives=v, dim="ep") for v in ("dtlab", "torch")}
+    communicators = {v: Communicator(None, collectives=v, dim="ep") for v in ("dtlab", "torch")}
 
     def exchange(comm: Communicator) -> None:
         send, recv, _ = dispatch_splits(counts, comm)
         arrived = all_to_all_rows(rows, comm, recv, send)
         all_to_all_rows(arrived, comm, send, recv)
 
-    send, recv, received = dispatch_splits(counts, comms["torch"])
-    local_rows = all_to_all_rows(rows, comms["torch"], recv, send)
+    send, recv, received = dispatch_splits(counts, communicators["torch"])
+    local_rows = all_to_all_rows(rows, communicators["torch"], recv, send)
     local = torch.arange(experts // ep, device=device).repeat(ep)
     local_order = torch.argsort(local.repeat_interleave(received.reshape(-1)), stable=True)
     local_rows = local_rows[local_order].contiguous()
@@ -91,19 +91,19 @@ def _measure_on_rank(
         return step
 
     variants = {
-        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(comms["dtlab"])),
-        "a2a_torch": labelled("a2a_torch", lambda: exchange(comms["torch"])),
+        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(communicators["dtlab"])),
+        "a2a_torch": labelled("a2a_torch", lambda: exchange(communicators["torch"])),
         "experts_loop": labelled("experts_loop", lambda: compute("loop")),
     }
     refusal = grouped_mm_refusal(local_rows, layer.fc_in.weight, layer.fc_out.weight)
     if refusal is None:
         variants["experts_grouped"] = labelled("experts_grouped", lambda: compute("grouped"))
-    comms["dtlab"].stats.reset()
+    communicators["dtlab"].comm_stats.reset()
     seconds = run_interleaved(variants, steps * repeats, WARMUP_ROUNDS)
     calls = WARMUP_ROUNDS + steps * repeats
     return {
         "seconds": seconds,
-        "dtlab_bytes_per_exchange": comms["dtlab"].stats.bytes_sent // calls,
+        "dtlab_bytes_per_exchange": communicators["dtlab"].comm_stats.bytes_sent // calls,
         "tokens_per_expert": counts.tolist(),
         "grouped_refusal": refusal,
     }

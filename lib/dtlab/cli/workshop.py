@@ -62,7 +62,7 @@ def _register_build(parser: argparse.ArgumentParser) -> None:
 # One (name, help, register) entry per action; register(parser) adds the action's arguments and
 # parser.set_defaults(run=...).
 def _register_scores(parser: argparse.ArgumentParser) -> None:
-    from dtlab.workshop.scores import register_scores  # imported on use: keeps --help instant
+    from dtlab.quiz.scores import register_scores  # imported on use: keeps --help instant
 
     register_scores(parser)
 

@@ -22,8 +22,9 @@ Empty chunks (a 3-element buffer cut into 4) are skipped on both sides: they cos
 Before its payload moves, every public collective exchanges a small *control message* — a
 descriptor of the call, so ranks that disagree on sizes fail at once instead of hanging
 (:mod:`dtlab.collectives.agreement`). :meth:`Peers.exchange_control` and
-:meth:`Peers.all_gather_control` carry it: not counted in :class:`CommStats` (byte counts stay
-the payload's), drawn as a span of kind ``other``.
+:meth:`Peers.all_gather_control` carry it (and :meth:`Peers.all_reduce_control` a scalar report
+of a parallel layer, through :meth:`dtlab.comm.Communicator.all_reduce_control`): not counted in
+:class:`CommStats` (byte counts stay the payload's), drawn as a span of kind ``other``.
 
 A schedule that wants more than one step in flight — the pipelined ring
 (:mod:`dtlab.collectives.ring_pipeline`) — posts single messages instead:
@@ -63,7 +64,7 @@ def sending_control() -> bool:
 def comm_stats() -> CommStats:
     """The live counters of this rank (they keep counting until :meth:`CommStats.reset`)."""
     simulated = getattr(_thread, "world", None)
-    return simulated.stats if simulated is not None else _process_stats
+    return simulated.comm_stats if simulated is not None else _process_stats
 
 
 @contextmanager
@@ -222,12 +223,24 @@ class Peers:
                 [(self.global_ranks[p], t) for p, t in recvs],
             )
 
-    def all_gather_control(self, out: torch.Tensor, mine: torch.Tensor, *, name: str) -> None:
+    def all_gather_control(
+        self, out: torch.Tensor, mine: torch.Tensor, *, name: str, **labels
+    ) -> None:
         """Every rank's ``mine`` into ``out`` (rank order) as a control message, by the torch
         group's own all-gather (:attr:`torch_group` must be set): on gloo a tiny collective
-        slows the point-to-point payload after it less than control messages on its links do."""
-        with self._as_control(name, _nbytes(mine)):
+        slows the point-to-point payload after it less than control messages on its links do.
+        ``labels`` go on its span."""
+        with self._as_control(name, _nbytes(mine), **labels):
             _all_gather_tensor(out, mine, group=self.torch_group)
+
+    def all_reduce_control(
+        self, tensor: torch.Tensor, *, name: str, op=dist.ReduceOp.SUM, **labels
+    ) -> None:
+        """Combine ``tensor`` in place over the group as a control message (a report such as a
+        loss or a norm, not payload), by the torch group's own all-reduce (:attr:`torch_group`
+        must be set). ``labels`` go on its span."""
+        with self._as_control(name, _nbytes(tensor), **labels):
+            dist.all_reduce(tensor, op=op, group=self.torch_group)
 
     @property
     def streams(self) -> bool:
@@ -268,7 +281,7 @@ def peers_of(group: Group = None) -> Peers:
     simulated = getattr(_thread, "world", None)
     if simulated is not None:
         ranks = range(simulated.size) if group is None else list(group)
-        return Peers(ranks, simulated.rank, simulated.transport, simulated.stats)
+        return Peers(ranks, simulated.rank, simulated.transport, simulated.comm_stats)
     if not (dist.is_available() and dist.is_initialized()):
         if group is not None and list(group) != [0]:
             raise RuntimeError("no process group is initialised: run this inside cluster.run(...)")

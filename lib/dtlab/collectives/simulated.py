@@ -86,7 +86,7 @@ class _SimulatedRank:
     rank: int
     size: int
     transport: _QueueTransport
-    stats: p2p.CommStats = field(default_factory=p2p.CommStats)
+    comm_stats: p2p.CommStats = field(default_factory=p2p.CommStats)
     link_model: Link | None = None  # what algorithm="auto" prices with (dtlab.collectives.auto)
 
 

@@ -1,11 +1,19 @@
 """The communication layer every parallel wrapper and layer stands on.
 
 * :mod:`~dtlab.comm.communicator` — :class:`Communicator`: a collective over one group (a mesh
-  dimension) on torch's backend or dtlab's counted rings; spans carry the group, micro-batch and
-  phase; bytes go to its :class:`~dtlab.collectives.stats.CommStats`.
+  dimension) on torch's backend or dtlab's counted rings; blocking and non-blocking
+  point-to-point; scalar reports as uncounted control messages. Spans carry the group,
+  micro-batch and phase; bytes go to its :class:`~dtlab.collectives.stats.CommStats`.
+* :mod:`~dtlab.comm.pending` — the handles of communication in flight (``wait()``), and why
+  ``collectives="dtlab"`` refuses to overlap (:class:`OverlapRefused`).
+* :mod:`~dtlab.comm.groups` — process groups over rank lists that are not a mesh dimension
+  (HSDP's shard and replica groups, the pipeline's embedding group).
 * :mod:`~dtlab.comm.autograd` — the same collectives as autograd functions: Megatron's
   conjugate ``f``/``g``, all-gather / reduce-scatter along a tensor dimension (sequence
   parallel), all-to-all with variable splits (MoE, Ulysses).
+
+Nothing in :mod:`dtlab.parallel` calls ``torch.distributed`` to move a byte or build a group;
+it comes here (``tests/test_comm_layer_rule.py`` holds that).
 """
 
 from dtlab.comm.autograd import (
@@ -15,14 +23,20 @@ from dtlab.comm.autograd import (
     reduce_from_group,
     reduce_scatter_along,
 )
-from dtlab.comm.communicator import Communicator, PendingCollective, nbytes, ring_bytes_sent
+from dtlab.comm.communicator import Communicator, nbytes, ring_bytes_sent
+from dtlab.comm.groups import group_containing
+from dtlab.comm.pending import Finished, OverlapRefused, PendingCollective, PendingMessages
 
 __all__ = [
     "Communicator",
+    "Finished",
+    "OverlapRefused",
     "PendingCollective",
+    "PendingMessages",
     "all_to_all_rows",
     "copy_to_group",
     "gather_along",
+    "group_containing",
     "nbytes",
     "reduce_from_group",
     "reduce_scatter_along",

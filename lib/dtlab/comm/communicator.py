@@ -17,8 +17,11 @@ ways, chosen with ``collectives=``:
     :mod:`dtlab.collectives`' ring algorithms, built from ``isend``/``irecv``; every byte is
     counted from the messages actually posted (``comm_stats.counted`` is ``True``). These run
     synchronously — the collective finishes inside the hook that issues it — so this path is for
-    *measuring* what moves, not for timing overlap. Accounting tests and the labs' "measured vs
-    formula" cells use it, so the equality they show can fail.
+    *measuring* what moves, not for timing overlap. ``async_op=True`` here returns a
+    :class:`~dtlab.comm.pending.Finished` handle and warns once per communicator
+    (:class:`~dtlab.comm.pending.OverlapRefused`; :mod:`dtlab.comm.pending` says why).
+    Accounting tests and the labs' "measured vs formula" cells use it, so the equality they show
+    can fail.
 
 Bytes each rank sends for a payload of ``M`` bytes on ``N`` ranks (ring, ``N`` dividing the length):
 
@@ -34,11 +37,24 @@ broadcast           M (chain: last 0)    pipelined chain: every rank but the las
 Spans: the torch path records one ``comm`` span per collective (CUDA events on a GPU, so it
 ends when the device finishes, not when the launch returns); the counted path's spans are the
 p2p layer's own, one per ring step.
+
+Point to point: :meth:`Communicator.send`/:meth:`~Communicator.recv` block;
+:meth:`~Communicator.start_exchange` (and :meth:`~Communicator.isend`/:meth:`~Communicator.irecv`)
+posts messages and returns a :class:`~dtlab.comm.pending.PendingMessages` to ``wait()`` on, so
+a ring or a pipeline can compute while its next block travels. Posted messages go through
+:mod:`dtlab.collectives.p2p` on either path, so their bytes are counted from the messages.
+
+Control messages: a scalar *report* — a loss averaged for printing, a gradient norm, a flag of
+which parameters were used — is not training traffic. :meth:`~Communicator.all_reduce_control`
+and :meth:`~Communicator.all_gather_control` run it with the group's own torch collective
+whichever ``collectives=`` was chosen, leave ``comm_stats`` untouched (so byte counts stay the
+payload's) and draw it as a span of kind ``other`` named ``"<name> (control)"``, labelled
+``control=True`` and with the group — the convention of :mod:`dtlab.collectives.agreement`.
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,6 +62,8 @@ import torch.distributed as dist
 from dtlab import collectives as C
 from dtlab import trace
 from dtlab.collectives.stats import CommStats
+from dtlab.comm.groups import group_containing
+from dtlab.comm.pending import Finished, PendingCollective, PendingMessages, refuse_overlap
 
 VIA = ("torch", "dtlab")
 _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -73,60 +91,13 @@ def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class PendingCollective:
-    """A collective in flight; :meth:`wait` blocks until it is done and records its spans.
-
-    The ``comm`` span runs from launch to completion, so it shows how much of the communication
-    ran under compute; the time spent blocked in :meth:`wait` is recorded separately as an
-    ``idle`` span named ``wait:<name>`` — that is the *exposed* part. On a GPU both ends are CUDA
-    events on the compute stream (``wait`` makes that stream wait for the NCCL stream).
-    """
-
-    def __init__(
-        self, work: dist.Work | None, name: str, sent: float, labels: dict | None = None
-    ) -> None:
-        self.work, self.name, self.sent, self.labels = work, name, sent, labels or {}
-        self.start_ns = trace.now_ns()
-        self.start_event = trace.cuda_mark()
-        self.done_ns: int | None = None
-        if work is not None:  # gloo completes the future on its own thread when the data lands
-            with contextlib.suppress(AttributeError, RuntimeError):
-                work.get_future().then(self._mark_done)
-
-    def _mark_done(self, _fut) -> None:
-        self.done_ns = trace.now_ns()
-
-    def wait(self) -> None:
-        """Block until done; idempotent. The Work is dropped, so nothing is left for teardown."""
-        if self.work is None:
-            return
-        with trace.span(f"wait:{self.name}", kind="idle"):
-            self.work.wait()
-        self.work = None
-        if self.start_event is not None:
-            trace.record_cuda(
-                self.name, "comm", self.start_event, trace.cuda_mark(), int(self.sent)
-            )
-            return
-        end = self.done_ns if self.done_ns is not None else trace.now_ns()
-        trace.record(
-            self.name, "comm", self.start_ns, end, int(self.sent), async_op=True, **self.labels
-        )
-
-
-class _Done(PendingCollective):
-    """A collective that already finished (the counted path runs synchronously)."""
-
-    def __init__(self) -> None:
-        self.work = None
-
-
 class Communicator:
     """Collectives over one group, with the :class:`CommStats` of what moved.
 
     ``group`` is a torch process group (``None``: every rank); ``dim`` names it on spans (the
     mesh dimension, e.g. ``"tp"``). The counted path addresses the same ranks as a plain list,
-    so it needs no extra ``new_group``. Build one from a mesh with :meth:`along`.
+    so it needs no extra ``new_group``. Build one from a mesh with :meth:`along`, or over rank
+    lists that are not a mesh dimension with :meth:`among`.
     """
 
     def __init__(
@@ -148,12 +119,23 @@ class Communicator:
             else list(range(self.world_size))
         )
         self.rank = self.ranks.index(dist.get_rank())
-        self.stats = CommStats(counted=collectives == "dtlab")
+        self.comm_stats = CommStats(counted=collectives == "dtlab")
+        self._refused_overlap = False
 
     @classmethod
     def along(cls, mesh, dim: str, collectives: str = "torch") -> Communicator:
         """The communicator of ``mesh``'s ``dim`` group (``"tp"``, ``"dp"``, ``"ep"``, ...)."""
         return cls(getattr(mesh, f"{dim}_group"), collectives, dim)
+
+    @classmethod
+    def among(
+        cls, rank_lists: Sequence[Sequence[int]], collectives: str = "torch", dim: str = "world"
+    ) -> Communicator | None:
+        """The communicator of the group in ``rank_lists`` (disjoint lists of global ranks) that
+        holds this rank, ``None`` if none does. Collective over the world: every rank must call
+        it with the same lists (:func:`~dtlab.comm.groups.group_containing`)."""
+        group = group_containing(rank_lists)
+        return None if group is None else cls(group, collectives, dim)
 
     @property
     def _peers(self):
@@ -165,19 +147,28 @@ class Communicator:
 
     @property
     def counted(self) -> bool:
-        """Whether ``stats`` holds bytes counted from real messages (else the ring convention)."""
+        """Whether ``comm_stats`` holds bytes counted from real messages (else the ring convention)."""
         return self.via == "dtlab"
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether ``async_op=True`` really runs the collective behind compute (torch's path);
+        dtlab's counted rings run it inside the call (:mod:`dtlab.comm.pending`)."""
+        return self.via == "torch"
 
     def _run(self, op: str, name: str, payload: int, async_op: bool, torch_call, dtlab_call):
         if self.via == "dtlab":
+            if async_op and not self._refused_overlap:
+                self._refused_overlap = True
+                refuse_overlap(name, self.dim)
             with C.counting() as moved, trace.labels(**self._labels()):
                 dtlab_call()
-            self.stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
-            self.stats.messages_sent += moved.messages_sent
-            self.stats.messages_received += moved.messages_received
-            return _Done() if async_op else None
+            self.comm_stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
+            self.comm_stats.messages_sent += moved.messages_sent
+            self.comm_stats.messages_received += moved.messages_received
+            return Finished() if async_op else None
         sent = ring_bytes_sent(op, payload, self.world_size)
-        self.stats.add_call(op, sent, sent, counted=False)
+        self.comm_stats.add_call(op, sent, sent, counted=False)
         if async_op:
             return PendingCollective(torch_call(True), name, sent, self._labels())
         with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
@@ -259,19 +250,27 @@ class Communicator:
         if self.via == "dtlab":
             with C.counting() as moved, trace.labels(**self._labels()):
                 C.all_to_all(tensor, input_splits, output_splits, group=self._peers, out=output)
-            self.stats.add_call("all_to_all", moved.bytes_sent, moved.bytes_received, counted=True)
+            self.comm_stats.add_call(
+                "all_to_all", moved.bytes_sent, moved.bytes_received, counted=True
+            )
             return
-        self.stats.add_call("all_to_all", sent, nbytes(output) - mine, counted=False)
+        self.comm_stats.add_call("all_to_all", sent, nbytes(output) - mine, counted=False)
         with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
             dist.all_to_all_single(output, tensor, output_splits, input_splits, group=self.group)
 
+    # -- point to point ----------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, to: int, name: str = "send") -> None:
         """Send ``tensor`` to group rank ``to`` (blocking until the receiver has it)."""
         self._point_to_point("send", tensor, to, name)
 
-    def recv(self, tensor: torch.Tensor, source: int, name: str = "recv") -> None:
-        """Receive into ``tensor`` from group rank ``source``."""
+    def recv(self, tensor: torch.Tensor, source: int | None = None, name: str = "recv") -> int:
+        """Receive into ``tensor`` from group rank ``source`` and return ``source``. ``None``
+        takes the next message from *any* rank and returns the group rank that sent it (torch's
+        path only: the counted layer matches every message to a named peer)."""
+        if source is None:
+            return self._recv_from_anyone(tensor, name)
         self._point_to_point("recv", tensor, source, name)
+        return source
 
     def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, name: str) -> None:
         size = nbytes(tensor)
@@ -280,13 +279,97 @@ class Communicator:
             peers = C.peers_of(self._peers)
             with C.counting() as moved, trace.labels(**self._labels()):
                 getattr(peers, op)(peer, tensor, name=name)
-            self.stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
-            self.stats.messages_sent += moved.messages_sent
-            self.stats.messages_received += moved.messages_received
+            self.comm_stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
+            self.comm_stats.messages_sent += moved.messages_sent
+            self.comm_stats.messages_received += moved.messages_received
             return
-        self.stats.add_call(op, sent, received, counted=False)
+        self.comm_stats.add_call(op, sent, received, counted=False)
         call = dist.send if op == "send" else dist.recv
         with trace.cuda_span(
             name, kind="comm", nbytes=size, peer=self.ranks[peer], **self._labels()
         ):
             call(tensor, self.ranks[peer], group=self.group)
+
+    def _recv_from_anyone(self, tensor: torch.Tensor, name: str) -> int:
+        if self.via == "dtlab":
+            raise ValueError(
+                "receiving from any rank (source=None) needs collectives='torch': dtlab's counted "
+                "layer posts every receive for a named peer; pass source=<group rank>"
+            )
+        self.comm_stats.add_call("recv", 0, nbytes(tensor), counted=False)
+        with trace.cuda_span(name, kind="comm", nbytes=nbytes(tensor), **self._labels()):
+            sender = dist.recv(tensor, group=self.group)
+        return self.ranks.index(sender)
+
+    def start_exchange(
+        self,
+        sends: Sequence[tuple[int, torch.Tensor]] = (),
+        recvs: Sequence[tuple[int, torch.Tensor]] = (),
+        *,
+        name: str,
+        op: str | None = None,
+    ) -> PendingMessages:
+        """Post every ``(group rank, tensor)`` send and receive now; ``wait()`` on the returned
+        :class:`~dtlab.comm.pending.PendingMessages` before reading a received tensor or reusing
+        a sent one. Receive buffers must be contiguous. Messages between two ranks match in
+        posting order.
+
+        Counted from the posted messages on either path (point to point has no convention to
+        fall back on), into ``comm_stats`` under ``"<op>_send"``/``"<op>_recv"`` (``op=None``:
+        ``"send"``/``"recv"``). On transports that cannot keep single messages in flight
+        (NCCL, :attr:`dtlab.collectives.p2p.TorchTransport.streams`) the messages move as one
+        blocking step here and the handle is already done: no overlap, no deadlock.
+        """
+        peers = C.peers_of(self.ranks)
+        sends, recvs = list(sends), list(recvs)
+        start = trace.now_ns()
+        with C.counting() as moved:
+            if peers.streams:
+                works = [peers.post_send(peer, t) for peer, t in sends]
+                works += [peers.post_recv(peer, t) for peer, t in recvs]
+            else:
+                works = []
+                with trace.labels(**self._labels()):
+                    peers.exchange(sends, recvs, name=name)
+        sent_as, received_as = (f"{op}_send", f"{op}_recv") if op else ("send", "recv")
+        if sends:
+            self.comm_stats.add_call(sent_as, moved.bytes_sent, 0, counted=True)
+        if recvs:
+            self.comm_stats.add_call(received_as, 0, moved.bytes_received, counted=True)
+        self.comm_stats.messages_sent += moved.messages_sent
+        self.comm_stats.messages_received += moved.messages_received
+        to: dict[int, int] = {}
+        for peer, t in sends:
+            if t.numel():
+                to[self.ranks[peer]] = to.get(self.ranks[peer], 0) + nbytes(t)
+        return PendingMessages(
+            works, [t for _, t in sends], name, moved.bytes_sent,
+            [[rank, size] for rank, size in to.items()], self.dim, start,
+        )  # fmt: skip
+
+    def isend(self, tensor: torch.Tensor, to: int, name: str = "isend") -> PendingMessages:
+        """Start sending ``tensor`` to group rank ``to`` (see :meth:`start_exchange`)."""
+        return self.start_exchange(sends=[(to, tensor)], name=name)
+
+    def irecv(self, tensor: torch.Tensor, source: int, name: str = "irecv") -> PendingMessages:
+        """Start receiving group rank ``source``'s next message into ``tensor``."""
+        return self.start_exchange(recvs=[(source, tensor)], name=name)
+
+    # -- control messages ---------------------------------------------------------------------
+    def all_reduce_control(self, tensor: torch.Tensor, name: str, op: str = "sum") -> None:
+        """Combine a small report (a loss, a norm, a flag per parameter) in place over the group
+        as a *control message*: not added to ``comm_stats``, drawn as ``"<name> (control)"``."""
+        if op not in _TORCH_OPS:
+            raise ValueError(
+                f"all_reduce op {op!r} is not supported; choose one of {list(_TORCH_OPS)}"
+            )
+        C.peers_of(self.group).all_reduce_control(
+            tensor, op=_TORCH_OPS[op], name=f"{name} (control)", group=self.dim
+        )
+
+    def all_gather_control(self, out: torch.Tensor, mine: torch.Tensor, name: str) -> None:
+        """Every rank's ``mine`` into ``out`` (rank order) as a *control message* (a check
+        before a payload moves): not added to ``comm_stats``, drawn as ``"<name> (control)"``."""
+        C.peers_of(self.group).all_gather_control(
+            out, mine, name=f"{name} (control)", group=self.dim
+        )

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 CATEGORIES = (
@@ -123,9 +124,9 @@ def _cuda_index(d: torch.device) -> int:
 
 
 def _current_rank() -> int:
-    from dtlab.runtime.context import rank
-
-    return rank()
+    """This process's rank (0 outside a process group). Memory accounting sits below the
+    runtime and reads ``torch.distributed`` itself rather than importing it."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def measure_model_state(

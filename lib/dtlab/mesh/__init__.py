@@ -6,12 +6,16 @@
   cp, ep against heads, layers, sequence, experts) and the one :func:`divisors`, used by the
   planner, ``compose``, every parallel family and the labs; pure arithmetic too.
 * :mod:`~dtlab.mesh.mesh` — :class:`Mesh`, the layout on a running rank: torch ``DeviceMesh``
-  groups with sentence-like names (``mesh.tp_group``, ``mesh.is_first_pp_stage``).
+  groups with sentence-like names (``mesh.tp_group``, ``mesh.is_first_pp_stage``), and
+  :func:`split_into_groups`, its one-dimensional case (the world cut into blocks).
+
+The mesh sits above :mod:`dtlab.runtime` (it builds its groups over the runtime's ranks, through
+its group cache) and nothing in the runtime imports it.
 """
 
 from dtlab.mesh.layout import ORDER, Layout, layouts_of
 from dtlab.mesh.layout_rules import divisors, fit_check, model_layout_problems, validate_layout
-from dtlab.mesh.mesh import Mesh
+from dtlab.mesh.mesh import Mesh, split_into_groups
 
 __all__ = [
     "ORDER",
@@ -21,5 +25,6 @@ __all__ = [
     "fit_check",
     "layouts_of",
     "model_layout_problems",
+    "split_into_groups",
     "validate_layout",
 ]

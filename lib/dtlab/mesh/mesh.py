@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from dtlab.mesh.layout import ORDER, Layout
+from dtlab.mesh.layout_rules import divisors
+from dtlab.runtime.context import cached_groups, device, group_of, rank, world_size
 
 DIMS = (*ORDER, "ep", "edp")
 
@@ -75,11 +77,7 @@ class Mesh:
         self.coordinates = self.layout.coordinates(self.rank)
         self.ranks_per_node = _ranks_per_node(ranks_per_node, dist.get_world_size())
         if device_type is None:
-            from dtlab.runtime.context import device
-
             device_type = device().type
-        from dtlab.runtime.context import cached_groups
-
         key = ("mesh", device_type, self.layout.shape, self.layout.ep)
         self.device_mesh, groups = cached_groups(
             key, lambda: _build_groups(self.layout, device_type)
@@ -135,6 +133,33 @@ class Mesh:
     @property
     def is_first_tp_rank(self) -> bool:
         return self.tp_rank == 0
+
+
+def split_into_groups(group_size: int) -> tuple[dist.ProcessGroup, list[list[int]]]:
+    """Cut the world into consecutive blocks of ``group_size`` ranks (e.g. "nodes").
+
+    Returns this rank's group and the rank lists of all blocks. Every rank must call it.
+    The blocks are the TP groups of the mesh layout ``dp = world / group_size``,
+    ``tp = group_size`` (:class:`Layout` puts ``tp`` innermost, so each TP group is a block of
+    consecutive ranks): a one-dimensional special case of the device mesh.
+    """
+    n = world_size()
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(
+            f"group size {group_size!r} must be a positive whole number; choose one of {divisors(n)}"
+        )
+    if n % group_size:
+        raise ValueError(
+            f"group size {group_size} does not divide world size {n}; choose one of {divisors(n)}"
+        )
+    blocks = Layout(dp=n // group_size, tp=group_size).groups("tp")
+    mine = None
+    for block in blocks:
+        group = group_of(block)
+        if rank() in block:
+            mine = group
+    assert mine is not None
+    return mine, blocks
 
 
 def _ranks_per_node(given: int | None, world: int) -> int:

@@ -8,7 +8,7 @@ ZeRO and FSDP (:mod:`dtlab.parallel.zero`, lab 03): :class:`ZeroOptimizer` (stag
 ``torch.optim.Optimizer`` that wraps any torch optimizer), :class:`FullyShardedDataParallel`
 (stage 3, drops into a plain torch training loop), with :class:`MixedPrecision` (per unit:
 :func:`norms_in_fp32`), CPU offload, global-norm clipping and :func:`gather_full_parameters`.
-What DDP and ZeRO/FSDP share (the dp group's :class:`DataParallelComm`, the end-of-backward queue,
+What DDP and ZeRO/FSDP share (the start-up broadcast, the end-of-backward queue,
 the bucketing rule) is the one module beside the families, :mod:`dtlab.parallel.gradient_sync`.
 
 Tensor and sequence parallel (lab 04): :func:`parallelize_gpt` shards the lab GPT Megatron-style
@@ -40,7 +40,7 @@ Composition (:mod:`dtlab.parallel.compose`): :func:`compose_gpt` applies tensor,
 pipeline and data parallelism (DDP, FSDP or HSDP) on one mesh, in torchtitan's order, and knows
 per parameter which groups reduce its gradient (global-norm clipping counts each element once).
 
-Every wrapper runs its collectives through a :class:`DataParallelComm`: torch's own, or dtlab's
+Every wrapper runs its collectives through a :class:`~dtlab.comm.Communicator`: torch's own, or dtlab's
 counted rings (``collectives="dtlab"``) when the bytes must be measured.
 """
 
@@ -69,7 +69,7 @@ from dtlab.parallel.data import (
     straggle,
 )
 from dtlab.parallel.expert import ExpertParallel, parallelize_experts
-from dtlab.parallel.gradient_sync import DataParallelComm, assign_buckets
+from dtlab.parallel.gradient_sync import assign_buckets
 from dtlab.parallel.pipeline import pipeline_gpt, simulate, validate
 from dtlab.parallel.tensor import (
     ColumnParallelLinear,
@@ -109,7 +109,6 @@ __all__ = [
     "ColumnParallelLinear",
     "CommStats",
     "DataParallelBase",
-    "DataParallelComm",
     "FullyShardedDataParallel",
     "MixedPrecision",
     "NaiveDDP",

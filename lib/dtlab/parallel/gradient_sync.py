@@ -1,14 +1,10 @@
-"""What data parallelism and ZeRO/FSDP share: the dp group's communicator, and when gradients move.
+"""What data parallelism and ZeRO/FSDP share: when gradients move, and how they travel together.
 
 Both families keep replicas of one model on the data-parallel group and average its gradients
 over that group; they differ in what each rank *holds* (:mod:`dtlab.parallel.data`: everything;
 :mod:`dtlab.parallel.zero`: a shard). What they share lives here, in one neutral module both
 import, so that neither family reaches into the other's files (a test holds ``zero/`` to it):
 
-* :class:`DataParallelComm` — the :class:`~dtlab.comm.Communicator` on the dp group (spans
-  labelled ``dp``): torch's own collectives (``collectives="torch"``, bytes by the ring
-  convention) or dtlab's counted rings (``collectives="dtlab"``, every byte counted from real
-  messages) — see :mod:`dtlab.comm`;
 * :func:`broadcast_module_state` — replicas must *start* equal (rank 0's copy to everyone);
 * :func:`queue_end_of_backward` — the hook that completes a step's reductions once autograd has
   produced every gradient (DDP waits for its all-reduces, ZeRO-2 and FSDP for reduce-scatters);
@@ -17,7 +13,11 @@ import, so that neither family reaches into the other's files (a test holds ``ze
 * :func:`reduce_scatter` and :func:`all_gather` — the two halves of an all-reduce on the counted
   ring, as exercise helpers (lab 03's graders hold their bytes to the formula).
 
-One small module rather than a package: these are five short functions and a class, and
+Both run their collectives on a plain :class:`~dtlab.comm.Communicator` over the dp group
+(``Communicator(group, collectives, dim="dp")``; spans labelled ``dp``): there is no data-parallel
+kind of communicator, only a communicator on the dp group.
+
+One small module rather than a package: these are a few short functions, and
 :mod:`dtlab.comm` is the layer *under* every parallel family, which should not know what a
 replica, a bucket or a backward pass is.
 """
@@ -25,14 +25,12 @@ replica, a bucket or a backward pass is.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from dtlab.comm import Communicator
 
 __all__ = [
     "MB",
-    "DataParallelComm",
     "all_gather",
     "assign_buckets",
     "broadcast_module_state",
@@ -44,27 +42,20 @@ __all__ = [
 MB = 1024 * 1024
 
 
-class DataParallelComm(Communicator):
-    """The data-parallel group's :class:`~dtlab.comm.Communicator` (spans labelled ``dp``)."""
-
-    def __init__(self, group: dist.ProcessGroup | None = None, collectives: str = "torch") -> None:
-        super().__init__(group, collectives, dim="dp")
-
-
 def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group=None) -> None:
     """Exercise helper: rank r receives the sum of chunk r of every rank's ``full`` in ``shard``.
 
     Runs on dtlab's counted ring, so a grader can hold the bytes to (N-1)/N · bytes(full).
     """
-    DataParallelComm(group, "dtlab").reduce_scatter(shard, full)
+    Communicator(group, "dtlab", dim="dp").reduce_scatter(shard, full)
 
 
 def all_gather(full: torch.Tensor, shard: torch.Tensor, group=None) -> None:
     """Exercise helper: every rank's ``shard`` concatenated into ``full`` (counted ring)."""
-    DataParallelComm(group, "dtlab").all_gather(full, shard)
+    Communicator(group, "dtlab", dim="dp").all_gather(full, shard)
 
 
-def broadcast_module_state(module: nn.Module, comm: DataParallelComm) -> None:
+def broadcast_module_state(module: nn.Module, comm: Communicator) -> None:
     """Copy group rank 0's parameters and buffers (frozen ones too) to every rank.
 
     Replicas must *start* equal: identical averaged gradients only keep them equal.

@@ -21,6 +21,9 @@ file, the item and, for a missing anchor, the anchors the lab does have (closest
 broken link is fixed in one edit. :func:`quiz_cell_problems` does the reverse check: every
 ``ask("id")`` and ``check_exercise("id", ...)`` in a lab source names an item or exercise that
 exists.
+
+Lab sources are read by :mod:`dtlab.workshop.source`, which sits below the quiz: the quiz's
+links point into lab sources, never the other way round.
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtlab.quiz.bank import Bank
+from dtlab.workshop.source import explicit_anchors, read_lab_source
 
 _LAB_LINK = re.compile(r"^lab:(?P<lab>\d{2})#(?P<anchor>[a-z0-9]+(?:-[a-z0-9]+)*)$")
 _HEADING = re.compile(r"^#{1,6}\s+(?P<text>.+?)\s*#*\s*$")
 _HTML_TAG = re.compile(r"<[^>]*>")
-_EXPLICIT_ANCHOR = re.compile(r"""<a\s+(?:id|name)\s*=\s*["'](?P<anchor>[^"']+)["']""")
 
 
 def slugify(heading: str) -> str:
@@ -47,11 +50,6 @@ def slugify(heading: str) -> str:
     '3-ring-all-reduce-by-hand'
     """
     return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
-
-
-def explicit_anchors(markdown: str) -> list[str]:
-    """The ``<a id=...>`` anchors of one markdown text, in order."""
-    return [m["anchor"] for m in _EXPLICIT_ANCHOR.finditer(markdown)]
 
 
 def markdown_anchors(markdown: str) -> list[str]:
@@ -66,7 +64,7 @@ def markdown_anchors(markdown: str) -> list[str]:
         slug = slugify(_HTML_TAG.sub("", heading["text"])) if heading else ""
         if slug:
             anchors.append(slug)
-        anchors += [m["anchor"] for m in _EXPLICIT_ANCHOR.finditer(line)]
+        anchors += explicit_anchors(line)
     return anchors
 
 
@@ -78,8 +76,6 @@ def lab_source_for(lab: str, solutions_dir: Path) -> Path | None:
 
 def lab_anchors(source: Path) -> list[str]:
     """Every anchor the markdown cells of a lab source define, in order."""
-    from dtlab.workshop.source import read_lab_source
-
     lab = read_lab_source(source)
     return [
         a

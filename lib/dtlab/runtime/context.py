@@ -2,6 +2,10 @@
 
 Every helper here reads the live ``torch.distributed`` state, so the same function body works
 in a dtlab Cluster worker, a ``torchrun`` process, or a plain single process (rank 0 of 1).
+
+The runtime sits below the mesh (a mesh is groups over the runtime's ranks): this module builds
+single groups (:func:`group_of`) and caches them; cutting the world into blocks by a layout
+(:func:`dtlab.mesh.split_into_groups`, :class:`dtlab.mesh.Mesh`) lives in :mod:`dtlab.mesh`.
 """
 
 from __future__ import annotations
@@ -10,9 +14,6 @@ import os
 
 import torch
 import torch.distributed as dist
-
-from dtlab.mesh.layout import Layout
-from dtlab.mesh.layout_rules import divisors
 
 _groups_by_ranks: dict[tuple[int, ...], dist.ProcessGroup] = {}
 # Groups (and device meshes) built once per process and reused: see :func:`cached_groups`.
@@ -66,33 +67,6 @@ def group_of(ranks: list[int] | tuple[int, ...]) -> dist.ProcessGroup:
     if key not in _groups_by_ranks:
         _groups_by_ranks[key] = dist.new_group(list(key))
     return _groups_by_ranks[key]
-
-
-def split_into_groups(group_size: int) -> tuple[dist.ProcessGroup, list[list[int]]]:
-    """Cut the world into consecutive blocks of ``group_size`` ranks (e.g. "nodes").
-
-    Returns this rank's group and the rank lists of all blocks. Every rank must call it.
-    The blocks are the TP groups of the mesh layout ``dp = world / group_size``,
-    ``tp = group_size`` (:class:`dtlab.mesh.Layout` puts ``tp`` innermost, so each TP group is
-    a block of consecutive ranks): a one-dimensional special case of the device mesh.
-    """
-    n = world_size()
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(
-            f"group size {group_size!r} must be a positive whole number; choose one of {divisors(n)}"
-        )
-    if n % group_size:
-        raise ValueError(
-            f"group size {group_size} does not divide world size {n}; choose one of {divisors(n)}"
-        )
-    blocks = Layout(dp=n // group_size, tp=group_size).groups("tp")
-    mine = None
-    for block in blocks:
-        group = group_of(block)
-        if rank() in block:
-            mine = group
-    assert mine is not None
-    return mine, blocks
 
 
 def cached_groups(key: tuple, build):

@@ -130,11 +130,15 @@ def record(name: str, kind: str, start_ns: int, end_ns: int, nbytes: int = 0, **
 
 
 def _wants_cuda_timing(stream) -> bool:
+    """Time with CUDA events when given a stream, or when this rank computes on a GPU: its
+    process group runs NCCL (the rule of :func:`dtlab.runtime.context.device`). The trace sits
+    below the runtime (the Cluster collects its spans), so it reads ``torch.distributed`` itself
+    rather than importing the runtime."""
     if stream is not None:
         return True
-    from dtlab.runtime.context import device  # late: the runtime imports this module
+    import torch.distributed as dist
 
-    return device().type == "cuda"
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
 
 
 @contextmanager

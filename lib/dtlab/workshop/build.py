@@ -27,7 +27,7 @@ from pathlib import Path
 from dtlab.files import write_atomic
 from dtlab.workshop.exercises import list_exercises
 from dtlab.workshop.solution_blocks import student_source
-from dtlab.workshop.source import Cell, LabSource, read_lab_source
+from dtlab.workshop.source import Cell, LabSource, explicit_anchors, read_lab_source
 
 BUILD_COMMAND = "dtlab workshop build"
 LAB_SOURCE_GLOB = "[0-9][0-9]_*.py"
@@ -46,8 +46,6 @@ def section_cell_id(markdown: str) -> str | None:
     """The cell id of a markdown cell that opens a section: its first explicit anchor
     (``<a id="slug">``), so a link ``NN_name.ipynb#cell-id=slug`` scrolls JupyterLab (4.0+) to
     that cell; ``None`` for a cell without one (or an anchor nbformat does not allow as an id)."""
-    from dtlab.quiz.links import explicit_anchors
-
     anchors = explicit_anchors(markdown)
     return anchors[0] if anchors and _CELL_ID.fullmatch(anchors[0]) else None
 

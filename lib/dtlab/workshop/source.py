@@ -33,6 +33,7 @@ from pathlib import Path
 _MARKER = re.compile(r"^# %%(?P<rest>.*)$")
 _CELL_TYPE = re.compile(r"\[(?P<kind>markdown|md|raw)\]")
 _METADATA_KEY = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_.-]*)=")
+_EXPLICIT_ANCHOR = re.compile(r"""<a\s+(?:id|name)\s*=\s*["'](?P<anchor>[^"']+)["']""")
 
 
 class LabSourceError(ValueError):
@@ -166,3 +167,10 @@ def read_lab_source(path: Path | str) -> LabSource:
     """Read and parse one lab source file."""
     path = Path(path)
     return parse_lab_source(path.read_text(encoding="utf-8"), path)
+
+
+def explicit_anchors(markdown: str) -> list[str]:
+    """The ``<a id=...>`` (or ``name=``) anchors of one markdown text, in order: the stable
+    targets of quiz links (:mod:`dtlab.quiz.links`) and the ids of section cells
+    (:func:`dtlab.workshop.build.section_cell_id`)."""
+    return [m["anchor"] for m in _EXPLICIT_ANCHOR.finditer(markdown)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dtlab.comm import Communicator
+from dtlab.comm import Communicator, group_containing
 from dtlab.mesh import Mesh, divisors
 
 
@@ -34,7 +34,9 @@ def average_flat(
 def hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """Split every dp group into blocks of ``shard`` consecutive ranks (FSDP inside a block:
     one node) and the groups of ranks at the same place in each block (replicas across
-    nodes). Every rank enumerates every group, in the same order."""
+    nodes). The rank lists are the mesh's dp groups cut up; the groups are made by the
+    communication layer (:func:`~dtlab.comm.group_containing`), every one on every rank in the
+    same order."""
     dp = mesh.dp_size
     if shard < 1 or dp % shard:
         raise ValueError(f"hsdp_shard={shard} must divide dp={dp}; choose from {divisors(dp)}")
@@ -43,15 +45,7 @@ def hsdp_groups(mesh: Mesh, shard: int) -> tuple[dist.ProcessGroup, dist.Process
         blocks = [ranks[i : i + shard] for i in range(0, dp, shard)]
         shard_groups += blocks
         replica_groups += [[b[i] for b in blocks] for i in range(shard)]
-    from dtlab.runtime.context import cached_groups
-
-    def build():
-        mine_shard, _ = dist.new_subgroups_by_enumeration(shard_groups)
-        mine_replica, _ = dist.new_subgroups_by_enumeration(replica_groups)
-        return mine_shard, mine_replica
-
-    key = ("hsdp", tuple(map(tuple, shard_groups)), tuple(map(tuple, replica_groups)))
-    return cached_groups(key, build)
+    return group_containing(shard_groups), group_containing(replica_groups)
 
 
 def node_share_of_dp(mesh: Mesh) -> int:

@@ -12,8 +12,9 @@ saying why. So every attention call first all-gathers this rank's shapes — ``q
 change; otherwise the payload moves.
 
 Who sends what: one all-gather of ``14 · 8`` bytes per rank, by the CP group's own torch
-collective, whichever ``collectives=`` the communicator runs. It is a **control message**, as
-in :mod:`dtlab.collectives.agreement`: not added to the communicator's ``stats`` (the bytes a
+collective, whichever ``collectives=`` the communicator runs
+(:meth:`~dtlab.comm.Communicator.all_gather_control`). It is a **control message**, as
+in :mod:`dtlab.collectives.agreement`: not added to the communicator's ``comm_stats`` (the bytes a
 CP attention reports stay its formula's), drawn as a span of kind ``other`` named
 ``"<method> attention check (control)"`` (``ring``, ``ulysses``, ``allgather``). Cost: latency,
 not bandwidth — one synchronisation of the group per attention call, like the collectives' own
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from dtlab import collectives as C
 from dtlab.collectives.agreement import CollectiveMismatch, describe_by_rank
 from dtlab.comm import Communicator
 
@@ -89,9 +89,8 @@ def check_equal_shards(
         dtype=torch.int64,
         device=q.device,
     )
-    peers = C.peers_of(comm.group)
     everyone = torch.empty(comm.world_size * mine.numel(), dtype=torch.int64, device=q.device)
-    peers.all_gather_control(everyone, mine, name=f"{method} attention check (control)")
+    comm.all_gather_control(everyone, mine, name=f"{method} attention check")
     rows = everyone.view(comm.world_size, -1).tolist()
     where, why = _WHY[method]
     for rank, row in zip(comm.ranks, rows, strict=True):

@@ -16,7 +16,7 @@ backward    K/V again, N−1 times; the block's dK/dV accumulator    (N−1)·(k
 ==========  ===================================================  ===========================
 
 Before the first step the ranks compare their shards' shapes — one tiny all-gather, a control
-message not counted in ``comm.stats`` (:mod:`~dtlab.parallel.context.agreement`) — so unequal
+message not counted in ``comm.comm_stats`` (:mod:`~dtlab.parallel.context.agreement`) — so unequal
 shards raise on every rank instead of aborting inside the transport.
 
 Overlap: each step posts the next block's send and receive *before* computing on the current one
@@ -26,21 +26,21 @@ all lie after every query of this rank is skipped (no scores computed), which is
 causal sharding leaves rank 0 idle most of the ring and zig-zag does not; of a partly masked
 block only the queries that see some key and the keys that some query sees are computed
 (:func:`~dtlab.parallel.context.blockwise.visible_part`) — under zig-zag half of every block
-but the rank's own, on every rank alike. The messages are counted into ``comm.stats`` under
-``"ring_send"``/``"ring_recv"`` whichever ``collectives=`` the communicator was built with: the
-ring is point-to-point either way.
+but the rank's own, on every rank alike. The messages go through the communication layer's non-blocking
+point-to-point (:meth:`~dtlab.comm.Communicator.start_exchange`), which counts them into
+``comm.comm_stats`` under ``"ring_send"``/``"ring_recv"`` whichever ``collectives=`` the communicator
+was built with (the ring is point-to-point either way) and draws each step as a ``ring_kv`` /
+``ring_dkv`` comm span plus the ``wait:`` idle span of its exposed part.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from dtlab import collectives as C
 from dtlab import trace
 from dtlab.comm import Communicator
 from dtlab.parallel.context.agreement import check_equal_shards
@@ -107,61 +107,27 @@ def _visible_backward(d_out, q, k, v, out, lse, positions_q, positions_k, causal
 
 
 class _Ring:
-    """This rank's two neighbours on the CP ring, with counted single messages."""
+    """This rank's two neighbours on the CP ring (group ranks of ``comm``)."""
 
     def __init__(self, comm: Communicator) -> None:
-        self.comm = comm
-        self.peers = C.peers_of(comm.ranks)
-        self.size = comm.world_size
+        self.comm, self.size = comm, comm.world_size
         self.right, self.left = (comm.rank + 1) % self.size, (comm.rank - 1) % self.size
 
     def post(
         self, outgoing: list[torch.Tensor], name: str = "ring_kv"
     ) -> tuple[list[torch.Tensor], Callable[[], None]]:
-        """Start sending ``outgoing`` right and receiving their like from the left.
-
-        Returns the receive buffers and ``wait``, which blocks until every message has moved.
-        The step is drawn as one ``comm`` span from posting to the last message's arrival
-        (labelled ``to=[[right, bytes]]``) plus an ``idle`` span ``wait:<name>`` for the time
-        ``wait`` blocked — the part of the transfer that compute did not hide.
-        """
+        """Start sending ``outgoing`` right and receiving their like from the left; returns the
+        receive buffers and ``wait``, which blocks until every message has moved. Counting and
+        spans are the communication layer's (:meth:`Communicator.start_exchange`)."""
         outgoing = [t.contiguous() for t in outgoing]
         incoming = [torch.empty_like(t) for t in outgoing]  # contiguous too: irecv needs it
-        start, done = trace.now_ns(), []
-        with C.counting() as moved:
-            if self.peers.streams:
-                works = [self.peers.post_send(self.right, t) for t in outgoing]
-                works += [self.peers.post_recv(self.left, t) for t in incoming]
-            else:
-                works = []
-                self.peers.exchange(
-                    [(self.right, t) for t in outgoing],
-                    [(self.left, t) for t in incoming],
-                    name=name,
-                )
-        for work in works:  # gloo completes each future on its own thread when the data lands
-            with contextlib.suppress(AttributeError, RuntimeError):
-                work.get_future().then(lambda _: done.append(trace.now_ns()))
-        stats = self.comm.stats
-        stats.add_call("ring_send", moved.bytes_sent, 0, counted=True)
-        stats.add_call("ring_recv", 0, moved.bytes_received, counted=True)
-        stats.messages_sent += moved.messages_sent
-        stats.messages_received += moved.messages_received
-
-        def wait() -> None:
-            with trace.span(f"wait:{name}", kind="idle"):
-                for work in works:
-                    work.wait()
-            end = max(done) if len(done) == len(works) and done else trace.now_ns()
-            if works:
-                to = [[self.peers.global_ranks[self.right], moved.bytes_sent]]
-                trace.record(
-                    name, "comm", start, end, moved.bytes_sent, async_op=True, to=to,
-                    group=self.comm.dim,
-                )  # fmt: skip
-            outgoing.clear()  # the send buffers must live until their messages are out
-
-        return incoming, wait
+        pending = self.comm.start_exchange(
+            [(self.right, t) for t in outgoing],
+            [(self.left, t) for t in incoming],
+            name=name,
+            op="ring",
+        )
+        return incoming, pending.wait
 
 
 class _RingAttention(torch.autograd.Function):

@@ -14,7 +14,7 @@ Bytes each rank sends per attention call (fp ``b`` bytes per value, ``B`` rows, 
 ``(N−1)/N · B·(S/N)·Dh·b · (H + 2·Hkv)`` for q, k, v and ``(N−1)/N · B·(S/N)·Dh·b · H`` for the
 output; the same again in backward. The volume per rank falls as ``1/N`` (the ring's does not),
 but ``N`` cannot exceed the number of KV heads. Every rank must hold ``S/N`` tokens; the ranks
-check that first with a control message not counted in ``comm.stats``
+check that first with a control message not counted in ``comm.comm_stats``
 (:mod:`~dtlab.parallel.context.agreement`).
 """
 

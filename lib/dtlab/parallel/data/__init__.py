@@ -20,8 +20,7 @@ Read the files in this order; each DDP is a small diff on the one before:
 7. :mod:`~dtlab.parallel.data.equivalence` — the yardstick: does a distributed run train exactly
    like one process (:data:`FP32_STEP_TOLERANCE`, :class:`TiedToyModel`)?
 
-What the DDPs share with ZeRO/FSDP — the dp group's :class:`DataParallelComm`, the start-up
-broadcast, the end-of-backward queue and the bucketing rule — is in
+What the DDPs share with ZeRO/FSDP — the start-up broadcast, the end-of-backward queue and the bucketing rule — is in
 :mod:`dtlab.parallel.gradient_sync`; ZeRO and FSDP themselves are :mod:`dtlab.parallel.zero`.
 
 Papers: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training"

@@ -12,6 +12,10 @@ collective, nobody waits for the slowest worker). The price is *staleness*: by t
 gradient computed at version v is applied, the server may be at version v + s, having applied
 ``s`` other workers' updates meanwhile, so the gradient describes parameters that no longer
 exist. Synchronous DDP always has s = 0; with one worker async SGD is exactly sequential SGD.
+
+The messages go through a world :class:`~dtlab.comm.Communicator` (spans labelled ``ps``, bytes
+in its ``comm_stats``): the server receives from *any* worker (``recv(source=None)``, torch's path),
+which is what lets it serve whoever finishes first.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from dtlab import trace
+from dtlab.comm import Communicator
 
 
 @dataclass
@@ -50,37 +54,36 @@ def run_async_sgd(
     ``loss_on_batch(model, step)`` returns a worker's loss for its ``step``-th local batch.
     On return rank 0's ``model`` holds the trained parameters; rank 0's result lists staleness.
     """
-    world = dist.get_world_size()
+    comm = Communicator(dim="ps")  # every rank: the server is rank 0
+    world = comm.world_size
     if world < 2:
         raise ValueError("a parameter server needs at least 2 ranks: one server, one worker")
     params = [p for p in model.parameters() if p.requires_grad]
     flat = parameters_to_vector(params).detach()
     message = torch.empty(flat.numel() + 1)  # [version, payload...]
     result = AsyncSGDResult()
-    if dist.get_rank() == 0:
+    if comm.rank == 0:
         version = 0
         for worker in range(1, world):  # everyone starts from version 0
-            dist.send(torch.cat([torch.zeros(1), flat]), dst=worker)
+            comm.send(torch.cat([torch.zeros(1), flat]), worker, name="send_parameters")
         for _ in range((world - 1) * steps_per_worker):
-            with trace.span("recv_gradient", kind="comm", nbytes=message.numel() * 4):
-                sender = dist.recv(message)
+            sender = comm.recv(message, name="recv_gradient")  # from whoever pushes first
             result.staleness.append(version - int(message[0].item()))
             result.senders.append(sender)
             with trace.span("apply_gradient", kind="optimizer"):
                 flat.add_(message[1:], alpha=-lr)
                 version += 1
-            dist.send(torch.cat([torch.tensor([float(version)]), flat]), dst=sender)
+            comm.send(torch.cat([torch.tensor([float(version)]), flat]), sender, "send_parameters")
         vector_to_parameters(flat, params)
         return result
     for step in range(steps_per_worker):
-        with trace.span("pull_parameters", kind="comm", nbytes=message.numel() * 4):
-            dist.recv(message, src=0)
+        comm.recv(message, 0, name="pull_parameters")
         version = message[0].clone()
         vector_to_parameters(message[1:].clone(), params)
         model.zero_grad(set_to_none=True)
         with trace.span("compute_gradient", kind="compute", step=step):
             loss_on_batch(model, step).backward()
         grad = parameters_to_vector([p.grad for p in params])
-        dist.send(torch.cat([version.reshape(1), grad]), dst=0)
-    dist.recv(message, src=0)  # the reply to the last push
+        comm.send(torch.cat([version.reshape(1), grad]), 0, name="push_gradient")
+    comm.recv(message, 0, name="pull_parameters")  # the reply to the last push
     return result

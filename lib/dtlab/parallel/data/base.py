@@ -5,10 +5,9 @@ Training", VLDB 2020) keeps a full replica of the model on every rank, feeds eac
 slice of the global batch, and averages the gradients before the optimizer step, so every replica
 takes the same step and the replicas never drift apart.
 
-Collectives go through a :class:`~dtlab.parallel.gradient_sync.DataParallelComm` (a
-:class:`~dtlab.comm.Communicator` on the dp group): torch's own (``collectives="torch"``, bytes by
-the ring convention) or dtlab's counted rings (``collectives="dtlab"``, every byte counted from
-real messages) — see :mod:`dtlab.comm`. The communicator, the start-up broadcast and the
+Collectives go through the dp group's :class:`~dtlab.comm.Communicator` (``dim="dp"``): torch's
+own (``collectives="torch"``, bytes by the ring convention) or dtlab's counted rings
+(``collectives="dtlab"``, every byte counted from real messages) — see :mod:`dtlab.comm`. The communicator, the start-up broadcast and the
 end-of-backward queue live in :mod:`dtlab.parallel.gradient_sync`, shared with ZeRO/FSDP.
 """
 
@@ -22,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
+from dtlab.comm import Communicator
 from dtlab.parallel.gradient_sync import (
-    DataParallelComm,
     broadcast_module_state,
     queue_end_of_backward,
     trainable_parameters,
@@ -64,7 +63,7 @@ class DataParallelBase(nn.Module):
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.find_unused_parameters = find_unused_parameters
-        self.comm = DataParallelComm(process_group, collectives)
+        self.comm = Communicator(process_group, collectives, dim="dp")
         self.require_gradient_sync = True
         self.params = trainable_parameters(module)
         self._synchronized = True
@@ -75,7 +74,7 @@ class DataParallelBase(nn.Module):
     @property
     def comm_stats(self) -> CommStats:
         """What this wrapper's collectives moved (``.counted`` says measured or convention)."""
-        return self.comm.stats
+        return self.comm.comm_stats
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self.require_gradient_sync:
@@ -128,8 +127,8 @@ class DataParallelBase(nn.Module):
 
     def _drop_globally_unused(self) -> None:
         usage = self._local_usage.clone()
-        # A control message, not gradient traffic: torch's all-reduce, not added to comm_stats.
-        dist.all_reduce(usage, group=self.process_group)
+        # A control message, not gradient traffic: not added to comm_stats, drawn as control.
+        self.comm.all_reduce_control(usage, name="unused_parameters")
         for p, used in zip(self.params, usage.tolist(), strict=True):
             if used == 0:
                 p.grad = None

@@ -63,7 +63,7 @@ class AllToAllDispatch:
         self.comm = comm
 
     def _sent(self) -> int:
-        return int(self.comm.stats.bytes_sent)
+        return int(self.comm.comm_stats.bytes_sent)
 
     def __call__(
         self, x: torch.Tensor, routing: Routing, experts: Experts, stats: MoEStats

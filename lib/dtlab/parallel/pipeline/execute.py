@@ -67,21 +67,14 @@ def sum_tied_gradients(stages: Mapping[int, nn.Module], comm: Communicator | Non
 
 def embedding_group(mesh, schedule: Schedule, collectives: str = "torch") -> Communicator | None:
     """The communicator of this rank's embedding group: the global ranks of its pp group that
-    hold the first and the last stage (``None`` if one rank holds both). Every rank makes every
-    pp group's embedding group, in the same order, as ``torch.distributed.new_group`` requires."""
-    from dtlab.runtime.context import group_of
-
+    hold the first and the last stage (``None`` if one rank holds both, or this rank holds
+    neither). Every rank builds every pp group's embedding group, in the same order
+    (:meth:`Communicator.among`): making a process group is collective over the world."""
     first, last = schedule.stage_ranks[0], schedule.stage_ranks[-1]
     if first == last:
         return None
-    mine = None
-    for ranks in mesh.layout.groups("pp"):
-        group = group_of([ranks[first], ranks[last]])
-        if ranks == mesh.pp_ranks:
-            mine = group
-    if mesh.pp_rank not in (first, last):
-        return None
-    return Communicator(mine, collectives, dim="embedding")
+    pairs = [[ranks[first], ranks[last]] for ranks in mesh.layout.groups("pp")]
+    return Communicator.among(pairs, collectives, dim="embedding")
 
 
 class PipelineExecutor:

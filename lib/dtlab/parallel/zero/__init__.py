@@ -18,13 +18,15 @@ state over the N ranks of the dp group, one piece at a time: optimizer state (st
 6. :mod:`~dtlab.parallel.zero.fsdp_layout` — which FSDP unit owns which parameter (the innermost
    unit that contains it) and the dtype casts at a unit's boundary.
 7. :mod:`~dtlab.parallel.zero.fsdp_unit` — :class:`FSDPUnit`: one unit's shards at rest, its
-   gathered buffer in use, and the reduce-scatter of its gradients.
-8. :mod:`~dtlab.parallel.zero.fsdp` — :class:`FullyShardedDataParallel`, stage 3: all-gather a
+   gathered buffer in use, and the reduce-scatter of its gradients (what a unit can do).
+8. :mod:`~dtlab.parallel.zero.fsdp_lifecycle` — the unit's lifecycle as one state machine
+   (SHARDED → PREFETCHING → GATHERED_FOR_FORWARD → … → REDUCING → REDUCED): when it does it.
+9. :mod:`~dtlab.parallel.zero.fsdp` — :class:`FullyShardedDataParallel`, stage 3: all-gather a
    unit just before forward and again before backward (with prefetch), reduce-scatter its
    gradients as soon as they exist: 1.5× DDP's bytes for 16Ψ/N bytes held.
-9. :mod:`~dtlab.parallel.zero.full_state` — :func:`gather_full_parameters`: whole tensors (and
-   the bytes held) back from shards, for saving, logging and tests.
-10. :mod:`~dtlab.parallel.zero.by_stage` — :func:`shard_by_zero_stage`: one model wrapped the way
+10. :mod:`~dtlab.parallel.zero.full_state` — :func:`gather_full_parameters`: whole tensors (and
+    the bytes held) back from shards, for saving, logging and tests.
+11. :mod:`~dtlab.parallel.zero.by_stage` — :func:`shard_by_zero_stage`: one model wrapped the way
     stage 0 (DDP, from :mod:`dtlab.parallel.data`), 1, 2 or 3 holds it, so one loop compares all.
 
 The dp group's communicator, the start-up broadcast, the end-of-backward queue and the bucketing

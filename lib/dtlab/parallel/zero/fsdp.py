@@ -42,6 +42,12 @@ activation checkpointing re-run it on whole parameters: ``checkpoint(block, x)``
 and a block that checkpoints its own body inside ``forward`` (the Hugging Face style: the body
 re-runs without any hook of the unit, reading whatever its modules hold). FSDP2 does the same:
 its pre-backward hook unshards the group and registers the unsharded parameters.
+
+*When* a unit gathers, frees, prefetches and reduces is one state machine,
+:mod:`~dtlab.parallel.zero.fsdp_lifecycle` (its docstring draws it). The hooks below only report
+events to it (a unit's forward starts or ends, the gradient reaches its output, a parameter's
+gradient accumulated, backward ended); the collectives themselves are
+:class:`~dtlab.parallel.zero.fsdp_unit.FSDPUnit`'s.
 """
 
 from __future__ import annotations
@@ -54,13 +60,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab.collectives.stats import CommStats
-from dtlab.comm import nbytes
-from dtlab.parallel.gradient_sync import (
-    DataParallelComm,
-    broadcast_module_state,
-    queue_end_of_backward,
-)
+from dtlab.comm import Communicator, nbytes
+from dtlab.parallel.gradient_sync import broadcast_module_state
 from dtlab.parallel.zero.fsdp_layout import assign_units, cast_inputs, tensors_in
+from dtlab.parallel.zero.fsdp_lifecycle import FSDPLifecycle
 from dtlab.parallel.zero.fsdp_unit import FSDPUnit
 from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.precision.mixed_precision import MixedPrecision
@@ -91,11 +94,11 @@ class FullyShardedDataParallel(nn.Module):
             raise RuntimeError(
                 "FSDP needs a process group: run inside cluster.run(...) or torchrun"
             )
-        self.module, self.process_group, self.prefetch = module, process_group, prefetch
-        self.comm = DataParallelComm(process_group, collectives)
+        self.module, self.process_group = module, process_group
+        self.comm = Communicator(process_group, collectives, dim="dp")
         self.world_size = self.comm.world_size
         broadcast_module_state(module, self.comm)
-        self.comm.stats.reset()
+        self.comm.comm_stats.reset()
         policy_of = mixed_precision if callable(mixed_precision) else lambda _m: mixed_precision
         rank = dist.get_rank(process_group)
         self.units: list[FSDPUnit] = []
@@ -114,92 +117,54 @@ class FullyShardedDataParallel(nn.Module):
                 )
             for p in unit.params + unit.replicated_compute:
                 p.register_post_accumulate_grad_hook(lambda p, u=unit: self._on_gradient(u))
-        self._in_backward = False
-        self._sync = True
+        self.lifecycle = FSDPLifecycle(self.units, prefetch, self.finish_gradient_synchronization)
+
+    @property
+    def prefetch(self) -> bool:
+        """Launch a unit's all-gather while its neighbour computes (forward k+1, backward k-1)."""
+        return self.lifecycle.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: bool) -> None:
+        self.lifecycle.prefetch = value
 
     @property
     def comm_stats(self) -> CommStats:
         """What this wrapper's collectives moved (``.counted`` says measured or convention)."""
-        return self.comm.stats
+        return self.comm.comm_stats
 
-    # -- gathering ------------------------------------------------------------------------------
-    def _gather(self, unit: FSDPUnit) -> None:
-        if unit.prefetch is not None:
-            unit.wait_prefetch()
-        elif not unit.gathered:
-            unit.launch_gather(async_op=False)
-
-    def _prefetch(self, index: int) -> None:
-        if self.prefetch and 0 <= index < len(self.units):
-            unit = self.units[index]
-            if not unit.gathered and not unit.reduced:
-                unit.prefetch = unit.launch_gather(async_op=True)
-
-    # -- forward and backward hooks ------------------------------------------------------------
+    # -- hooks: each reports one event to the lifecycle ------------------------------------------
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():
-            self._in_backward = False
-            for unit in self.units:
-                unit.start_backward()
+            self.lifecycle.step_start()
         args = self._before_forward(self.units[0], args)
         out = self.module(*args, **kwargs)
         return self._after_forward(self.units[0], out)
 
     def _before_forward(self, unit: FSDPUnit, args: tuple) -> tuple:
-        self._gather(unit)
-        unit.register(sharded=False)
-        if not self._in_backward:  # a checkpoint re-run inside backward prefetches nothing
-            self._prefetch(unit.index + 1)
+        self.lifecycle.forward_start(unit.index)
         return cast_inputs(args, unit.policy)
 
     def _after_forward(self, unit: FSDPUnit, output):
         if unit.policy is not None and unit.policy.output_dtype is not None:
             output = cast_inputs(output, unit.policy, unit.policy.output_dtype)
-        if self._in_backward:  # re-run by activation checkpointing: a checkpoint *inside* the
-            return output  # unit may still re-run its body, so the gathered params stay in
-        unit.register(sharded=True)
-        unit.free()
-        if torch.is_grad_enabled():
+        if self.lifecycle.forward_end(unit.index):
             for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(lambda g, u=unit: self._before_backward(u, g))
         return output
 
     def _before_backward(self, unit: FSDPUnit, grad: torch.Tensor) -> torch.Tensor:
-        if not self._in_backward:
-            self._in_backward = True
-            queue_end_of_backward(self.finish_gradient_synchronization)
-        if not unit.reduced:
-            self._gather(unit)
-            # A block that checkpoints its own body (``checkpoint(self._body, x)`` inside
-            # ``forward``) re-runs the body during this backward without passing through the
-            # unit's forward hooks: it reads whatever the modules hold, so they must hold the
-            # gathered parameters from here until the unit's gradients are reduced.
-            unit.register(sharded=False)
-            self._prefetch(len(self.units) - 1 if unit.index == 0 else unit.index - 1)
+        self.lifecycle.grad_at_output(unit.index)
         return grad
 
     def _on_gradient(self, unit: FSDPUnit) -> None:
-        unit.missing -= 1
-        if unit.missing == 0:
-            unit.launch_reduction(sync=self._sync)
-            unit.register(sharded=True)
+        self.lifecycle.gradient(unit.index)
 
     def finish_gradient_synchronization(self) -> None:
         """End of backward: reduce units whose parameters got no gradient (zeros), wait for
         every reduction, and free everything gathered."""
-        if not self._in_backward:
-            return
-        for unit in self.units:
-            unit.wait_prefetch()  # a prefetch nobody used: finish it before freeing
-            if not unit.reduced:
-                self._gather(unit)
-                unit.launch_reduction(sync=self._sync)
-        for unit in self.units:
-            unit.finish_reduction()
-            unit.free()
-            unit.register(sharded=True)
-        self._in_backward = False
+        self.lifecycle.backward_end()
 
     # -- gradient accumulation without reducing ------------------------------------------------
     @contextlib.contextmanager
@@ -216,11 +181,11 @@ class FullyShardedDataParallel(nn.Module):
         Step the optimizer only after the synchronising backward (the registered ``.grad`` are
         untouched until then).
         """
-        previous, self._sync = self._sync, False
+        previous, self.lifecycle.sync = self.lifecycle.sync, False
         try:
             yield
         finally:
-            self._sync = previous
+            self.lifecycle.sync = previous
 
     def unsynced_gradient_bytes(self) -> int:
         """Bytes of full gradients this rank holds for a later reduction (0 outside no_sync)."""

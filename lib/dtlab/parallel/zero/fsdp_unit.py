@@ -20,6 +20,10 @@ After backward, every registered parameter's ``.grad`` is its part of the averag
 backward that does not synchronise (the wrapper's ``no_sync()``) reduces nothing: the unit adds
 its full gradients into ``unsynced`` (one padded flat tensor per kind, in the reduce dtype: a
 whole unsharded gradient held per rank) and the next synchronising backward reduces their sum.
+
+This file says *what* a unit can do (gather, free, register, reduce, finish); *when* it does
+each is the state machine in :mod:`~dtlab.parallel.zero.fsdp_lifecycle`, which alone calls
+these operations and alone knows whether the unit is gathered, prefetched or reduced.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dtlab.comm import PendingCollective, nbytes
-from dtlab.parallel.gradient_sync import DataParallelComm
+from dtlab.comm import Communicator, PendingCollective, nbytes
 from dtlab.parallel.zero.flat_segment import FlatSegment
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
@@ -45,7 +48,7 @@ class FSDPUnit:
         sharded: list[tuple[nn.Parameter, list[Slot]]],
         replicated: list[tuple[nn.Parameter, list[Slot]]],
         policy: MixedPrecision | None,
-        comm: DataParallelComm,
+        comm: Communicator,
         rank: int,
     ) -> None:
         self.index, self.module, self.policy, self.comm = index, module, policy, comm
@@ -56,9 +59,6 @@ class FSDPUnit:
         self.master_dtype = first.dtype if first is not None else torch.float32
         self.compute_dtype = compute_dtype(policy, self.master_dtype)
         self.reduce_dtype = (policy and policy.gradient_dtype) or self.compute_dtype
-        self.gathered = False
-        self.reduced = False
-        self.prefetch: PendingCollective | None = None
         self.pending: list[tuple[PendingCollective | None, torch.Tensor, str]] = []
         self.unsynced: dict[str, torch.Tensor] = {}  # kind -> full gradient not yet reduced
         self.flat = torch.empty(0)
@@ -73,7 +73,11 @@ class FSDPUnit:
         self.shard_params: list[nn.Parameter] = []
         if self.params:
             self._shard_parameters()
-        self.missing = 0
+
+    @property
+    def gradient_count(self) -> int:
+        """How many gradients one backward accumulates into this unit (one per hooked tensor)."""
+        return len(self.params) + len(self.replicated_compute)
 
     # -- sharded layout ---------------------------------------------------------------------
     @torch.no_grad()
@@ -105,12 +109,10 @@ class FSDPUnit:
     def free(self) -> None:
         """Drop the gathered parameters: the buffer's storage shrinks to zero bytes."""
         self.flat.untyped_storage().resize_(0)
-        self.gathered = False
 
     def launch_gather(self, async_op: bool) -> PendingCollective | None:
         """All-gather every rank's shard (cast to the compute dtype) into ``flat``."""
         self.flat.untyped_storage().resize_(self.seg.padded_numel * self.flat.element_size())
-        self.gathered = True
         with torch.no_grad():  # refresh a replica's compute copy only after the optimizer ran:
             # copying again in backward would bump the version autograd saved for it
             for i, (compute, master) in enumerate(
@@ -127,10 +129,6 @@ class FSDPUnit:
         )
 
     # -- gradients ----------------------------------------------------------------------------
-    def start_backward(self) -> None:
-        self.reduced = False
-        self.missing = len(self.params) + len(self.replicated_compute)
-
     @torch.no_grad()
     def launch_reduction(self, sync: bool = True) -> None:
         """Reduce-scatter the sharded gradients, all-reduce the replicated ones (asynchronously),
@@ -161,7 +159,6 @@ class FSDPUnit:
                 self.pending.append((work, flat, "replicated"))
             else:
                 self.unsynced["replicated"] = flat
-        self.reduced = True
         self.free()
 
     @torch.no_grad()
@@ -181,11 +178,6 @@ class FSDPUnit:
                 for p, view in zip(self.replicated, rep.views(buffer), strict=True):
                     _accumulate(p, view.to(p.dtype))
         self.pending = []
-
-    def wait_prefetch(self) -> None:
-        if self.prefetch is not None:
-            self.prefetch.wait()
-            self.prefetch = None
 
     def held_bytes(self) -> dict[str, int]:
         """Parameter bytes this rank holds now: shards, replicas, and the gathered buffer."""

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtlab.parallel.gradient_sync import DataParallelComm
+from dtlab.comm import Communicator
 
 
 def _sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> to
 def clip_sharded_grad_norm_(
     grad_shards: Sequence[torch.Tensor | None],
     max_norm: float,
-    comm: DataParallelComm | None = None,
+    comm: Communicator | None = None,
     replicated: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """Scale disjoint gradient shards (and replicated gradients) so the *global* norm is at most
@@ -44,7 +44,7 @@ def clip_sharded_grad_norm_(
     everything = shards + list(replicated)
     device = everything[0].device if everything else torch.device("cpu")
     total = _sum_of_squares(shards, device)
-    (comm or DataParallelComm()).all_reduce(total, name="grad_norm")
+    (comm or Communicator(dim="dp")).all_reduce(total, name="grad_norm")
     total += _sum_of_squares(replicated, device)
     norm = total[0].sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -28,8 +28,7 @@ import torch
 from torch import nn
 
 from dtlab import trace
-from dtlab.comm import nbytes
-from dtlab.parallel.gradient_sync import DataParallelComm
+from dtlab.comm import Communicator, nbytes
 from dtlab.parallel.zero.flat_segment import FlatSegment
 from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.zero.optimizer_offload import host_buffer
@@ -45,7 +44,7 @@ class MasterShardOptimizer(torch.optim.Optimizer):
         initial_shards: list[torch.Tensor],
         optimizer_cls: type[torch.optim.Optimizer],
         optimizer_kwargs: dict,
-        comm: DataParallelComm,
+        comm: Communicator,
         mixed_precision: MixedPrecision | None,
         offload: bool,
     ) -> None:

@@ -40,8 +40,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dtlab import trace
-from dtlab.comm import nbytes
-from dtlab.parallel.gradient_sync import DataParallelComm, assign_buckets, queue_end_of_backward
+from dtlab.comm import Communicator, nbytes
+from dtlab.parallel.gradient_sync import assign_buckets, queue_end_of_backward
 from dtlab.parallel.zero.flat_segment import FlatSegment, normalize_param_groups
 from dtlab.parallel.zero.master_shards import MasterShardOptimizer
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
@@ -75,7 +75,7 @@ class ZeroOptimizer(MasterShardOptimizer):
         self.stage = stage
         rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
         self.world_size, self.process_group = world, process_group
-        comm = DataParallelComm(process_group, collectives)
+        comm = Communicator(process_group, collectives, dim="dp")
         segments_by_group, initial_shards, self.flats = [], [], []
         for group in normalize_param_groups(params, {}):
             segments = []
@@ -96,7 +96,7 @@ class ZeroOptimizer(MasterShardOptimizer):
             segments_by_group, initial_shards, optimizer_cls, optimizer_kwargs,
             comm, mixed_precision, offload,
         )  # fmt: skip
-        comm.stats.reset()  # the stats describe training steps, not the start-up copy
+        comm.comm_stats.reset()  # the stats describe training steps, not the start-up copy
         self._where = {id(p): i for i, seg in enumerate(self.segments) for p in seg.params}
         self._in_backward = False
         if stage == 2:
@@ -108,7 +108,7 @@ class ZeroOptimizer(MasterShardOptimizer):
     @property
     def comm_stats(self):
         """What this optimizer's collectives moved (``.counted`` says measured or convention)."""
-        return self.comm.stats
+        return self.comm.comm_stats
 
     def _reduce_segment(self, i: int) -> None:
         """Reduce-scatter segment i's gradients; keep chunk r (averaged); free the full grads."""

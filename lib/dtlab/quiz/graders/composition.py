@@ -34,11 +34,11 @@ CLAIM_TOLERANCE = 0.05
 
 
 def _placement_answers() -> dict[Callable, str]:
-    from dtlab.parallel.compose import gpt, placement
+    from dtlab.parallel.compose import apply, placement
 
     return {
         placement.place_parameters: "dtlab.parallel.compose.place_parameters",
-        gpt.compose_gpt: "dtlab.parallel.compose.compose_gpt",
+        apply.compose_gpt: "dtlab.parallel.compose.compose_gpt",
     }
 
 

@@ -22,6 +22,10 @@ Robust by construction: a file that is not UTF-8, not JSON lines, or holds no pr
 all (a notebook, a CSV, an empty file) is **reported and skipped**; a file with some bad lines (a
 torn last line, a hand edit) keeps its good records and is reported as partial. The same record
 handed in twice (two copies of one file) counts once. Nothing here raises on learner data.
+
+It lives in :mod:`dtlab.quiz`, beside the progress records and mastery it reads, although the
+command is ``dtlab workshop …``: :mod:`dtlab.workshop` (the lab sources and the notebooks built
+from them) sits below the quiz, whose links point into those lab sources.
 """
 
 from __future__ import annotations

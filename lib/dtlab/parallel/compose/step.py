@@ -1,0 +1,113 @@
+"""The second stage of work on a composed GPT: one training step, and clipping.
+
+What moves where in one :meth:`ComposedStep.train_step`, beyond each mechanism's own traffic
+(Megatron's f/g all-reduces over tp, the K/V ring over cp, activations point to point over pp,
+FSDP's all-gathers and reduce-scatters over dp): after backward, the sequence-parallel partial
+gradients are summed over tp, every gradient is averaged over cp (each CP rank saw different
+tokens of the same sequences), then over dp (``"ddp"``: one flat all-reduce; FSDP reduced while
+backward ran; HSDP adds one all-reduce of the shards across the replicas). Which groups each
+parameter uses is :attr:`ComposedGPT.placements` (:mod:`~dtlab.parallel.compose.account`).
+
+Everything here finds parameters by name (:attr:`ComposedGPT.parameters_by_name`, made once
+when applying: :mod:`~dtlab.parallel.compose.apply`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from dtlab.models.moe import is_expert_param
+from dtlab.parallel.compose.groups import average_flat
+from dtlab.parallel.compose.placement import clip_global_grad_norm_
+from dtlab.parallel.context import shard_batch
+from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
+
+if TYPE_CHECKING:
+    from dtlab.parallel.compose.apply import ComposedGPT
+
+
+class ComposedStep:
+    """The training step of a :class:`~dtlab.parallel.compose.apply.ComposedGPT` (mixed into it;
+    every attribute read here is one of its fields)."""
+
+    def local_batch(self: ComposedGPT, tokens: torch.Tensor, targets: torch.Tensor):
+        """``(tokens, targets, positions)`` of this rank: its dp rows, its cp share of each
+        sequence (``positions`` None without CP)."""
+        dp, dp_rank = self.mesh.dp_size, self.mesh.dp_rank
+        if tokens.shape[0] % dp:
+            raise ValueError(
+                f"a global batch of {tokens.shape[0]} sequences does not split over dp={dp}; "
+                f"use a multiple of {dp}"
+            )
+        rows = tokens.shape[0] // dp
+        tokens = tokens[dp_rank * rows : (dp_rank + 1) * rows]
+        targets = targets[dp_rank * rows : (dp_rank + 1) * rows]
+        if self.mesh.cp_size == 1:
+            return tokens, targets, None
+        return shard_batch(tokens, targets, self.mesh_communicators["cp"], self.cp_style)
+
+    def train_step(self: ComposedGPT, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        """Forward and backward of the global batch (every rank passes the same one), then every
+        gradient reduced over its groups. Returns the global mean loss, on every rank."""
+        tokens, targets, positions = self.local_batch(tokens, targets)
+        if self.pipeline is not None:
+            loss = self.pipeline.step(tokens, targets, positions)
+            loss = torch.zeros(()) if loss is None else loss.detach()
+        else:
+            kwargs = {} if positions is None else {"positions": positions}
+            logits = (self.fsdp or self.module)(tokens, **kwargs)
+            loss = self.tp.loss(logits, targets) if self.tp else _cross_entropy(logits, targets)
+            aux = getattr(self.module, "aux_loss", None)  # mixture-of-experts balancing losses
+            if aux is not None and aux.requires_grad:
+                loss = loss + aux
+            loss.backward()
+            loss = loss.detach()
+        self._reduce_gradients()
+        return self._global_mean(loss)
+
+    def _reduce_gradients(self: ComposedGPT) -> None:
+        communicators = self.mesh_communicators
+        named = [(n, p) for n, p in self.named_parameters() if p.grad is not None]
+        if self.tp is not None and self.tp.sequence_parallel:
+            # Sum the partial gradients of the SP-replicated parameters over tp — by name, since
+            # under FSDP the registered tensors are this rank's shard views, not the originals
+            # TensorParallel listed (the sum is elementwise, so shards sum like whole tensors).
+            partial = [p for n, p in named if "tp" in self.placements[n].reduced_over]
+            all_reduce_partial_grads(partial, self.tp.comm)
+        grads = [p.grad for _, p in named]
+        if self.mesh.cp_size > 1:
+            average_flat(grads, communicators["cp"], "cp_grad")
+        if self.mesh.layout.ep > 1:  # an expert's gradient already holds its EP block's tokens
+            expert = [p.grad for n, p in named if is_expert_param(n)]
+            grads = [p.grad for n, p in named if not is_expert_param(n)]
+            average_flat(expert, communicators["edp"], "edp_grad", divide_by=self.mesh.dp_size)
+        if self.data_parallel == "ddp" and self.mesh.dp_size > 1:
+            average_flat(grads, communicators["dp"], "dp_grad")
+        if self.replica_comm is not None and self.replica_comm.world_size > 1:
+            average_flat(grads, self.replica_comm, "hsdp_replica_grad")
+
+    def _global_mean(self: ComposedGPT, loss: torch.Tensor) -> float:
+        """The last stage's loss summed over pp, averaged over dp and cp (a report, not
+        training traffic: control messages, not counted)."""
+        loss = loss.reshape(1).double().clone()
+        for dim in ("pp", "cp", "dp"):
+            if getattr(self.mesh, f"{dim}_size") > 1:
+                self.mesh_communicators[dim].all_reduce_control(loss, name="loss")
+        return loss.item() / (self.mesh.cp_size * self.mesh.dp_size)
+
+    def clip_grad_norm_(self: ComposedGPT, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the whole model's gradient, every element counted once."""
+        return clip_global_grad_norm_(
+            [(n, p.grad) for n, p in self.named_parameters()],
+            self.placements,
+            self.coordinates,
+            max_norm,
+        )
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    from dtlab.models import loss_fn
+
+    return loss_fn(logits, targets)
