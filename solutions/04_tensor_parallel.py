@@ -723,9 +723,13 @@ for t in (1, 2, 4, 8):
 # and on one InfiniBand NDR link per GPU (50 GB/s), next to the layer's own compute on `t` GPUs at
 # 50% of the H100's bf16 peak (`flops_per_token` of a `12·h²`-parameter layer, attention included).
 #
-# Look for: on NVLink the communication is a fraction of the compute; on InfiniBand it is larger
-# than the compute, and its share grows with `t` (compute shrinks as `1/t`, the bytes per rank do
-# not). That is why TP stays inside the NVLink domain — 8 GPUs on an H100 node.
+# Look for: on NVLink the communication stays a small fraction of the compute (3% at `t` = 2,
+# 22% at `t` = 8). On InfiniBand it is already a quarter of the compute at `t` = 2 (26%), three
+# quarters at `t` = 4 (78%), and overtakes it at `t` = 8 (186%, almost twice the compute). The
+# share grows with `t`: compute shrinks as `1/t`, while the bytes each rank sends per all-reduce
+# grow towards twice the tensor (`2(t-1)/t` of it). And TP's all-reduces block: every percent is
+# added to the step, not hidden. That is why TP stays inside the NVLink domain — 8 GPUs on an
+# H100 node.
 
 # %%
 SEQ, HIDDEN, BF16, MFU = 4096, 8192, 2, 0.5
@@ -762,7 +766,7 @@ fig.update_layout(
 dtlab.viz.describe(
     fig,
     x="tensor-parallel degree",
-    caption="Compute shrinks as t grows; the all-reduces do not, and across nodes they dominate.",
+    caption="Compute shrinks with t; the all-reduces do not, and on InfiniBand overtake it at t = 8.",
 )
 
 # %% [markdown]

@@ -388,7 +388,7 @@ for m in (4, 8, 16, 32):
 
 # %%
 def my_one_f_one_b(n_ranks: int, n_micro: int) -> list[list[Action]]:
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION fallback=dtlab.workshop.references:one_f_one_b_actions
     per_rank = []
     for r in range(n_ranks):
         warmup = min(n_ranks - 1 - r, n_micro)

@@ -150,7 +150,7 @@ print(f"full:    o = {o_full:.12f}, lse = {lse_full:.12f}")
 def merge(
     o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION fallback=dtlab.parallel.context:merge
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # both blocks empty
     w_a = torch.exp(lse_a - safe).unsqueeze(-1)

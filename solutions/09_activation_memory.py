@@ -352,17 +352,21 @@ print(
 )
 
 # %% [markdown]
-# The compute paid, on the timeline: one step of each variant per rank. Each re-run is a
-# `recompute` span (kind "other") drawn over the backward pass that contains it. Look for: full
-# recomputation's backward carrying one re-run per block, selective's short ones, the plain
-# backward none.
+# The compute paid, on the timeline: one step of full recomputation per rank. The ranks do not
+# talk during this step and start it at different moments, so each row is aligned to its own
+# start (`align="step"`). Each re-run is a `recompute` span, in magenta, drawn over the dimmed
+# backward pass that contains it. Look for: the forward, then a backward that carries one re-run
+# per block. The table after it compares the variants on rank 0: selective's re-runs are short,
+# and the plain backward has none.
 
 # %%
 recompute_trace = steps["full"].trace.filter(variant="full").cropped()
 dtlab.viz.timeline(
     recompute_trace,
     title="One step with full recomputation",
-    caption="Forward, then backward, with a re-run of each block (the recompute spans) inside it.",
+    align="step",
+    highlight="recompute",
+    caption="Forward, then backward, with a re-run of each block (magenta, recompute) inside it.",
 )
 
 # %%
@@ -544,11 +548,14 @@ check_exercise("activations.recompute", recompute, cluster)
 # The third way out: keep what backward needs, but in host memory. `OffloadActivations` is a
 # pair of saved-tensor hooks: `pack` copies each saved tensor to the host (once, however many
 # ops save it) and the graph keeps only the host copy; `unpack` brings it back when backward
-# reaches the op. Every copy is a `memcpy` span with its bytes. The device saves every byte it
-# offloads and pays twice those bytes over the host link per step. On a cluster without
-# accelerators the device *is* the host: the copies happen (and show on the timeline), but
-# nothing is saved and nothing comes back. Look for: the offloaded bytes equal to the bytes
-# saved for backward, and the copies in the forward pass.
+# reaches the op. Every copy is a `memcpy` span named `offload`, with its bytes. The device
+# saves every byte it offloads and pays twice those bytes over the host link per step. On a
+# cluster without accelerators the device *is* the host: the copies happen (and show on the
+# timeline), but nothing is saved and nothing comes back. Look for: the offloaded bytes equal
+# to the bytes saved for backward, and the copies (magenta ticks, each drawn at least a few
+# pixels wide; hover for the true duration) all inside the forward pass; on GPUs the copies back,
+# `reload` spans, follow in the backward. Each rank's row starts at its own first span, as in
+# section 4's timeline.
 
 
 # %%
@@ -591,7 +598,9 @@ print(
 dtlab.viz.timeline(
     offloaded.trace.filter(variant="offload").cropped(),
     title="Offloading saved tensors: one training step",
-    caption="The memcpy spans (second lane) are the copies to host memory during the forward.",
+    align="step",
+    highlight=("offload", "reload"),
+    caption="Magenta (second lane): each saved tensor's copy to host memory, all in the forward.",
 )
 
 # %% [markdown]

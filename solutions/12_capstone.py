@@ -202,7 +202,7 @@ check_exercise("capstone.training_days", training_days, cluster)
 # %%
 def memory_per_gpu(params: float, plan: ParallelPlan) -> float:
     """Model-state bytes on one GPU: weights, gradients and Adam state of its shard."""
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION fallback=dtlab.plan:state_bytes_per_gpu
     shard = params / (plan.tp * plan.pp)
     weights, grads, optimizer = 2 * shard, 2 * shard, 12 * shard
     if plan.zero_stage >= 1:
@@ -309,7 +309,7 @@ ask("system_design.planning_order")
 # %%
 def choose_plan(req: Requirements) -> ParallelPlan:
     """The first plan, in the expert's order of preference, that passes plan_problems."""
-    # BEGIN SOLUTION
+    # BEGIN SOLUTION fallback=dtlab.plan:first_plan_that_fits
     for tp in (t for t in (1, 2, 4, 8) if t <= req.gpus_per_node and req.n_heads % t == 0):
         for pp in (p for p in range(1, req.n_layers + 1) if req.n_layers % p == 0):
             if req.n_gpus % (tp * pp):

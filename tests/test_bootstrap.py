@@ -149,6 +149,21 @@ def test_second_run_skips_the_install_because_the_stamp_matches(shell, checkout)
     assert shell.commands == [[python, "-m", "dtlab.cli", "lab", "--no-browser"]]
 
 
+def test_lab_options_with_spaced_values_reach_jupyterlab_in_order(shell, checkout, monkeypatch):
+    from dtlab.cli import lab, main
+
+    bootstrap.main(["install"])
+    shell.commands.clear()
+    bootstrap.main(["lab", "--no-browser", "--port", "8899", "--tor", "x"])
+    (dtlab_lab,) = shell.commands
+    assert dtlab_lab[-6:] == ["lab", "--no-browser", "--port", "8899", "--tor", "x"]
+    # ... and `dtlab lab` then reads 8899 as the port, not as a lab number.
+    started = []
+    monkeypatch.setattr(lab.subprocess, "call", lambda command, cwd: started.append(command) or 0)
+    assert main(dtlab_lab[3:]) == 0
+    assert started[0][-5:] == ["--no-browser", "--port", "8899", "--tor", "x"]
+
+
 def test_editing_pyproject_reinstalls_into_the_existing_venv(shell, checkout):
     bootstrap.main(["install"])
     (checkout / "pyproject.toml").write_text('[project]\nname = "dtlab"\nversion = "2"\n')

@@ -1,10 +1,14 @@
 """Every built lab, run in a real browser: JupyterLab + Playwright on Debian's Chromium.
 
-One test per solution notebook (whatever ``solutions/NN_*.ipynb`` exist, so labs being written
-join as they land). Each starts from a copy of the notebook in ``build/browser/notebooks/`` (the
-repository's notebooks are never autosaved), runs *Run All* in fast mode, then checks from the DOM:
+One test per notebook: the solution notebooks (whatever ``solutions/NN_*.ipynb`` exist, so labs
+being written join as they land) and student notebooks (``labs/NN_*.ipynb``, run with every
+exercise unwritten). Each starts from a copy in ``build/browser/notebooks/`` (solutions at its top,
+student notebooks in ``labs/``; the repository's notebooks are never autosaved), runs *Run All*
+in fast mode, then checks from the DOM:
 
-* no error output, no widget that failed to render;
+* every cell ran (a student notebook's unwritten exercise never stops Run All), no error output,
+  no widget that failed to render, and — in fast mode — no stderr block at all (a warning or a
+  rank's log line in red is noise a learner cannot act on);
 * every quiz option is one row with its own radio/checkbox, none clipped (scrollWidth ≤
   clientWidth) and none overlapping the next;
 * every Plotly chart has a title and both axis titles;
@@ -17,7 +21,9 @@ Screenshots go to ``build/browser/<notebook>/`` (gitignored). Needs the ``playwr
 ``/usr/bin/chromium`` (``apt-get install chromium``; never a downloaded browser build). Without
 them the tests skip locally and FAIL when ``CI=true``. ``DTLAB_BROWSER_LABS=00,03`` limits the run
 to those labs; by default (locally and in CI) the representative :data:`CI_LABS` run, to keep
-the suite's time reasonable; ``DTLAB_BROWSER_LABS=all`` runs every lab.
+the suite's time reasonable, plus the student edition of :data:`CI_STUDENT_LABS`;
+``labs/NN`` in the list names a student notebook (``DTLAB_BROWSER_LABS=labs/06,09``), and
+``DTLAB_BROWSER_LABS=all`` runs every lab in both editions.
 """
 
 from __future__ import annotations
@@ -48,18 +54,29 @@ RUN_ALL_TIMEOUT_S = 420
 # 00 has every quiz kind; 01 the bandwidth chart; 03 subplot charts and the calculator widget;
 # 05 the rank-fed progress bar and many timelines. nbval still runs every lab in the same suite.
 CI_LABS = ("00", "01", "03", "05")
+# 06's student notebook: its merge exercise feeds the next cell, which falls back to the library.
+CI_STUDENT_LABS = ("labs/06",)
 
 
 def _notebooks() -> list[Path]:
     chosen_text = os.environ.get("DTLAB_BROWSER_LABS", "").strip()
     if not chosen_text:
-        chosen = set(CI_LABS)
+        chosen = set(CI_LABS) | set(CI_STUDENT_LABS)
     elif chosen_text == "all":
         chosen = set()
     else:
         chosen = {x.strip() for x in chosen_text.split(",") if x.strip()}
-    found = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-    return [nb for nb in found if not chosen or nb.name[:2] in chosen]
+    found = []
+    for folder, prefix in (("solutions", ""), ("labs", "labs/")):
+        for nb in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            if not chosen or prefix + nb.name[:2] in chosen:
+                found.append(nb)
+    return found
+
+
+def _served_path(notebook: Path) -> str:
+    """Where the server shows ``notebook``: solutions at the top, student notebooks in labs/."""
+    return notebook.name if notebook.parent.name == "solutions" else f"labs/{notebook.name}"
 
 
 def _missing_browser() -> str:
@@ -121,12 +138,15 @@ def _write_settings(folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def lab_server(browser, tmp_path_factory):
-    """JupyterLab on a free loopback port, serving copies of the solution notebooks."""
+    """JupyterLab on a free loopback port, serving copies of the solution notebooks and, in
+    ``labs/``, of the student notebooks (each edition's lab links resolve next to it)."""
     work = OUT / "notebooks"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    (work / "labs").mkdir(parents=True)
     for notebook in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")):
         shutil.copy(notebook, work / notebook.name)
+    for notebook in sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb")):
+        shutil.copy(notebook, work / "labs" / notebook.name)
     home = tmp_path_factory.mktemp("home")
     _write_settings(home / "settings")
     token = os.urandom(12).hex()
@@ -218,6 +238,9 @@ OPTIONS_JS = """() => {
   return {rows, problems};
 }"""
 
+STDERR_JS = """() => [...document.querySelectorAll(
+  '.jp-Notebook [data-mime-type="application/vnd.jupyter.stderr"]')].map(e => e.innerText.slice(0, 400))"""
+
 PLOTS_JS = """() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].map(p => ({
   title: (p.querySelector('.gtitle') || {}).textContent || '',
   x: [...p.querySelectorAll('[class$="xtitle"], [class*="xtitle "]')].map(t => t.textContent).join('|'),
@@ -242,7 +265,7 @@ def _shut_down_kernels(base: str, token: str) -> None:
         urllib.request.urlopen(request, timeout=30).close()
 
 
-def _run_all(page, base: str, token: str, notebook: str, name: str) -> dict:
+def _run_all(page, base: str, token: str, notebook: str, name: str, shots: Path) -> dict:
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
     deadline = time.time() + 120
     while time.time() < deadline:  # a kernel picker may ask first; then the kernel starts
@@ -254,7 +277,7 @@ def _run_all(page, base: str, token: str, notebook: str, name: str) -> dict:
             break
         time.sleep(1)
     else:
-        page.screenshot(path=str(OUT / name / "no-kernel.png"))
+        page.screenshot(path=str(shots / "no-kernel.png"))
         pytest.fail(f"{name}: the kernel did not start")
     page.locator("#jp-main-statusbar", has_text="Idle").wait_for(timeout=60_000)
     for _attempt in range(3):  # under load the page can take a click before its kernel is wired
@@ -277,11 +300,11 @@ def _run_all(page, base: str, token: str, notebook: str, name: str) -> dict:
         if settled >= 2:  # nothing queued any more: every cell ran, or a failure stopped Run All
             break
     else:
-        page.screenshot(path=str(OUT / name / "timeout.png"))
+        page.screenshot(path=str(shots / "timeout.png"))
         pytest.fail(f"{name}: Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}")
     page.wait_for_timeout(1500)  # late widget and plot renders
     if state["done"] < state["cells"]:
-        page.screenshot(path=str(OUT / name / "stopped.png"))
+        page.screenshot(path=str(shots / "stopped.png"))
         errors = "\n---\n".join(page.evaluate(ERRORS_JS))
         pytest.fail(
             f"{name}: Run All stopped after {state['done']} of {state['cells']} cells:\n{errors}"
@@ -292,7 +315,7 @@ def _run_all(page, base: str, token: str, notebook: str, name: str) -> dict:
 _LINK_FOLLOWED: list[str] = []  # "same" / "other": which kinds of lab link were followed
 
 
-def _follow_lab_link(page, link, target, name: str) -> None:
+def _follow_lab_link(page, link, target, name: str, shots: Path) -> None:
     """Click a lab link; JupyterLab must open (or reveal) its notebook in this window with the
     section on screen. Then go back to the lab's tab."""
     link.click()
@@ -310,7 +333,7 @@ def _follow_lab_link(page, link, target, name: str) -> None:
             timeout=60_000,
         )
     finally:
-        page.screenshot(path=str(OUT / name / f"link-opened-{target['file'].split('/')[-1]}.png"))
+        page.screenshot(path=str(shots / f"link-opened-{target['file'].split('/')[-1]}.png"))
     assert heading.count(), target
     notebook_tab = page.locator(".lm-TabBar-tab.jp-mod-current").first.inner_text()
     assert target["file"].split("/")[-1] in notebook_tab, notebook_tab
@@ -318,7 +341,7 @@ def _follow_lab_link(page, link, target, name: str) -> None:
     page.locator(f".lm-TabBar-tab:has-text('{name}')").first.click()  # back to the lab
 
 
-def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
+def _answer_wrong_then_right(page, base: str, work: Path, name: str, shots: Path) -> None:
     from dtlab.quiz import cached_bank
 
     bank = cached_bank()
@@ -327,13 +350,20 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
         return
     item = bank[quiz.locator("small code").first.inner_text().strip()]
     right = item.correct_keys[0]
+
+    # options are shuffled per learner and labelled by displayed position (issue 28): find an
+    # option's row by its text (up to any math or link, without Markdown marks), not its key
+    def radio_of(key: str):
+        plain = re.sub(r"[`*]", "", re.split(r"[$\\\[]", item.choice(key).text)[0])
+        return quiz.locator(".dtlab-option", has_text=plain.strip()).locator("input[type=radio]")
+
     wrong = next(c.key for c in item.choices if not c.correct)
     quiz.scroll_into_view_if_needed()
-    quiz.locator(f"label:has-text('({wrong})') input[type=radio]").check()
+    radio_of(wrong).check()
     quiz.locator("button:has-text('Check')").click()
     feedback = quiz.locator(".dtlab-feedback")
     feedback.locator("text=Not quite").wait_for(timeout=20_000)
-    quiz.screenshot(path=str(OUT / name / "quiz-first-miss.png"))
+    quiz.screenshot(path=str(shots / "quiz-first-miss.png"))
     text = feedback.inner_text()
     assert "key is" not in text and "Computed by" not in text and "`" not in text, text
     assert item.choice(right).why[:40] not in text, "the first miss gave the answer away"
@@ -349,7 +379,7 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
         kind = "same" if target["file"].split("/")[-1] == f"{name}.ipynb" else "other"
         if kind not in _LINK_FOLLOWED:
             _LINK_FOLLOWED.append(kind)
-            _follow_lab_link(page, link, target, name)
+            _follow_lab_link(page, link, target, name, shots)
             quiz.scroll_into_view_if_needed()
         if "other" not in _LINK_FOLLOWED:  # this lab's links stay inside it: try one to lab 01
             from dtlab.quiz.feedback import markdown_to_html
@@ -363,13 +393,17 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
             href = injected.evaluate("a => a.href")
             _LINK_FOLLOWED.append("other")
             _follow_lab_link(
-                page, injected, re.match(r".*/(?P<file>[^/#]+)#(?P<anchor>.+)", href), name
+                page,
+                injected,
+                re.match(r".*/(?P<file>[^/#]+)#(?P<anchor>.+)", href),
+                name,
+                shots,
             )
             quiz.scroll_into_view_if_needed()
-    quiz.locator(f"label:has-text('({right})') input[type=radio]").check()
+    radio_of(right).check()
     quiz.locator("button:has-text('Check')").click()
     feedback.locator("text=Correct.").wait_for(timeout=20_000)
-    quiz.screenshot(path=str(OUT / name / "quiz-right.png"))
+    quiz.screenshot(path=str(shots / "quiz-right.png"))
     assert "key is" not in feedback.inner_text()
 
     numeric = page.locator(".dtlab-quiz:has(input[placeholder^='a number'])").first
@@ -380,35 +414,43 @@ def _answer_wrong_then_right(page, base: str, work: Path, name: str) -> None:
         box.press("Enter")
         numeric.locator(".dtlab-feedback >> text=Not quite").wait_for(timeout=20_000)
         assert "key is" not in numeric.locator(".dtlab-feedback").inner_text()
-        numeric.screenshot(path=str(OUT / name / "numeric-enter.png"))
+        numeric.screenshot(path=str(shots / "numeric-enter.png"))
 
 
-@pytest.mark.parametrize("notebook", _notebooks(), ids=lambda p: p.stem)
+def _label(notebook: Path) -> str:
+    return notebook.stem if notebook.parent.name == "solutions" else f"student-{notebook.stem}"
+
+
+@pytest.mark.parametrize("notebook", _notebooks(), ids=_label)
 def test_lab_runs_all_and_reads_well_in_the_browser(notebook, browser, lab_server):
     base, token, work = lab_server
-    name = notebook.stem
-    shutil.rmtree(OUT / name, ignore_errors=True)  # no stale screenshot from an earlier run
-    (OUT / name).mkdir(parents=True)
+    name, served = notebook.stem, _served_path(notebook)
+    shots = OUT / _label(notebook)
+    shutil.rmtree(shots, ignore_errors=True)  # no stale screenshot from an earlier run
+    shots.mkdir(parents=True)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     started = time.time()
     try:
         # a workspace of its own, reset: no tab or kernel picker carried over from another lab
         page.goto(
-            f"{base}/lab/workspaces/{name}/tree/{notebook.name}?token={token}&reset",
+            f"{base}/lab/workspaces/{_label(notebook)}/tree/{served}?token={token}&reset",
             timeout=90_000,
         )
-        _run_all(page, base, token, notebook.name, name)
-        (OUT / name / "run-all-seconds.txt").write_text(f"{time.time() - started:.0f}\n")
-        page.screenshot(path=str(OUT / name / "after-run-all.png"))
+        _run_all(page, base, token, served, name, shots)
+        (shots / "run-all-seconds.txt").write_text(f"{time.time() - started:.0f}\n")
+        page.screenshot(path=str(shots / "after-run-all.png"))
         errors = page.evaluate(ERRORS_JS)
-        assert not errors, f"{name}: error output after Run All:\n" + "\n---\n".join(errors)
+        assert not errors, f"{served}: error output after Run All:\n" + "\n---\n".join(errors)
+        if os.environ.get("DTLAB_MODE", "fast") == "fast":
+            stray = page.evaluate(STDERR_JS)
+            assert not stray, f"{served}: stderr output after Run All:\n" + "\n---\n".join(stray)
 
         options = page.evaluate(OPTIONS_JS)
         assert not options["problems"], f"{name}: " + "\n".join(options["problems"])
         for i, quiz in enumerate(page.locator(".dtlab-quiz").all()[:3]):
             quiz.scroll_into_view_if_needed()
-            quiz.screenshot(path=str(OUT / name / f"quiz-{i}.png"))
+            quiz.screenshot(path=str(shots / f"quiz-{i}.png"))
 
         plots = page.evaluate(PLOTS_JS)
         untitled = [
@@ -417,7 +459,7 @@ def test_lab_runs_all_and_reads_well_in_the_browser(notebook, browser, lab_serve
         assert not untitled, f"{name}: charts without a title or axis titles: {untitled}"
         for i, plot in enumerate(page.locator(".jp-Notebook .js-plotly-plot").all()[:6]):
             plot.scroll_into_view_if_needed()
-            plot.screenshot(path=str(OUT / name / f"chart-{i}.png"))
+            plot.screenshot(path=str(shots / f"chart-{i}.png"))
 
         if "dtlab.progress.track" in notebook.read_text():
             bars = page.locator(
@@ -425,8 +467,8 @@ def test_lab_runs_all_and_reads_well_in_the_browser(notebook, browser, lab_serve
             )
             assert bars.count(), f"{name}: a cell uses dtlab.progress.track but shows no bar"
             bars.first.scroll_into_view_if_needed()
-            bars.first.locator("xpath=../..").screenshot(path=str(OUT / name / "progress.png"))
-        _answer_wrong_then_right(page, base, work, name)
+            bars.first.locator("xpath=../..").screenshot(path=str(shots / "progress.png"))
+        _answer_wrong_then_right(page, base, work, name, shots)
     finally:
         context.close()
         _shut_down_kernels(base, token)  # the next lab gets the CPU

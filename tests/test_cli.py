@@ -140,6 +140,50 @@ def test_lab_starts_jupyterlab_in_labs_and_passes_options_through(monkeypatch, c
     assert f"--ServerApp.root_dir={cwd}" in command and cwd.name == "labs"
 
 
+@pytest.mark.parametrize(
+    ("arguments", "lab_name", "jupyter"),
+    [
+        (["--no-browser", "--port", "8899"], None, ["--no-browser", "--port", "8899"]),
+        (["--no-browser", "--port=8899"], None, ["--no-browser", "--port=8899"]),
+        (["3", "--port", "8899"], "03_zero.ipynb", ["--port", "8899"]),
+        (
+            ["03", "--ip", "0.0.0.0", "--no-browser"],
+            "03_zero.ipynb",
+            ["--ip", "0.0.0.0", "--no-browser"],
+        ),
+        (["03_zero", "--port", "12"], "03_zero.ipynb", ["--port", "12"]),
+        (["--port", "12", "3"], None, ["--port", "12", "3"]),  # a lab number only comes first
+        (["8899"], None, ["8899"]),  # more than two digits: never a lab number
+        ([], None, []),
+    ],
+)
+def test_lab_number_is_only_a_leading_bare_number_the_rest_goes_to_jupyterlab_in_order(
+    tmp_path: Path, arguments, lab_name, jupyter
+):
+    for name in ("00_setup", "03_zero"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    lab_path, extra = lab.split_arguments(tmp_path, arguments)
+    assert (lab_path.name if lab_path else None) == lab_name
+    assert extra == jupyter
+
+
+def test_lab_with_a_spaced_port_starts_jupyterlab_on_all_labs_with_that_port(monkeypatch):
+    started = []
+    monkeypatch.setattr(
+        lab.subprocess, "call", lambda command, cwd: started.append((command, cwd)) or 0
+    )
+    assert main(["lab", "--no-browser", "--port", "8899"]) == 0
+    ((command, cwd),) = started
+    assert command[-3:] == ["--no-browser", "--port", "8899"]
+    assert not any(part.endswith(".ipynb") for part in command)
+
+
+def test_lab_with_a_number_that_names_no_lab_lists_the_labs(tmp_path: Path):
+    (tmp_path / "03_zero.ipynb").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no lab '7'.*03_zero"):
+        lab.split_arguments(tmp_path, ["7", "--port", "8899"])
+
+
 def test_lab_as_root_adds_allow_root_once(monkeypatch):
     monkeypatch.setattr(lab, "running_as_root", lambda: True)
     assert lab.jupyter_command(Path("labs"), None, []).count("--allow-root") == 1

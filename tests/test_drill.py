@@ -11,7 +11,7 @@ import pytest
 
 from dtlab.cli import build_parser, main
 from dtlab.cli.drill import _rubric_ticks, run_drill
-from dtlab.quiz import load_bank
+from dtlab.quiz import load_bank, shown_order
 from dtlab.quiz.drill import (
     Answered,
     MockScore,
@@ -29,7 +29,7 @@ items:
     kind: choice
     difficulty: easy
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Pick b.
     choices:
       - {key: a, text: wrong one, why: wrong}
@@ -39,7 +39,7 @@ items:
     kind: numeric
     difficulty: medium
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Four ranks all-reduce their rank. What does each hold?
     key: {call: "dtlab.quiz.graders.setup:expected_rank_sum", kwargs: {world_size: 4}}
     unit: ""
@@ -49,7 +49,7 @@ items:
     kind: short
     difficulty: hard
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Explain it.
     answer: An explanation.
     rubric: [first point, second point, third point]
@@ -58,7 +58,7 @@ items:
     kind: code
     difficulty: easy
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Write it.
     exercise: setup.rank_sum
     explanation: One all-reduce.
@@ -70,7 +70,7 @@ items:
     kind: multi
     difficulty: easy
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Pick a and c.
     choices:
       - {key: a, text: one, correct: true, why: right}
@@ -81,7 +81,7 @@ items:
     kind: ordering
     difficulty: medium
     source: [test]
-    link: dtlab.quiz.graders.setup:expected_rank_sum
+    link: lab:00#ranks
     prompt: Order them.
     steps:
       - {key: two, text: second}
@@ -99,6 +99,14 @@ RIGHT_ANSWERS = {
     "beta.many": ["a c"],
     "beta.order": ["one two three"],
 }
+
+
+def typed_right_answer(item, learner: str | None = None, attempt: int = 0) -> list[str]:
+    """The lines a learner types to answer ``item`` right, in the letters the drill shows."""
+    if item.kind in ("choice", "multi"):
+        order = shown_order(item, learner, attempt)
+        return [" ".join(sorted(order.label(k) for k in item.correct_keys))]
+    return RIGHT_ANSWERS[item.id]
 
 
 @pytest.fixture
@@ -202,7 +210,7 @@ def test_drill_grades_right_answers_records_them_and_prints_the_score(
     bank_dir, monkeypatch, capsys
 ):
     items = select_items(load_bank(bank_dir).values(), 5, seed=3)
-    answers = [line for item in items for line in RIGHT_ANSWERS[item.id]]
+    answers = [line for item in items for line in typed_right_answer(item)]
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(answers) + "\n"))
     assert main(drill_args(bank_dir, "--n", "5", "--seed", "3")) == 0
     out = capsys.readouterr().out
@@ -234,7 +242,7 @@ def test_mock_answers_after_the_deadline_score_zero_and_the_rest_go_unanswered(b
         drill_args(bank_dir, "--mock", "--n", "4", "--seed", "5", "--time-limit", "150")
     )
     items = mock_set(load_bank(bank_dir).values(), 4, seed=5)
-    answers = "\n".join(line for item in items for line in RIGHT_ANSWERS[item.id]) + "\n"
+    answers = "\n".join(line for item in items for line in typed_right_answer(item)) + "\n"
     ticks = iter(range(0, 10_000, 30))  # each look at the clock is 30 s later: q1 in time, q2 late
     out = io.StringIO()
     assert run_drill(args, io.StringIO(answers), out, clock=lambda: next(ticks)) == 0

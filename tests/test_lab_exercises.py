@@ -8,6 +8,7 @@ grader declares.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,12 @@ def test_lab_student_stub_fails_its_grader(exercise, request):
         exercise.exercise_id, fn, cluster_for(exercise.exercise_id, request), record=False
     )
     assert not result, f"{exercise}: the student stub passes its grader"
-    assert "Not implemented yet" in result.message
+    # names what the student must write, e.g. lab 04's VocabParallelCrossEntropy.forward, not
+    # the already written vocab_parallel_cross_entropy the grader calls
+    unwritten = re.findall(r'raise ExerciseNotWritten\("([\w.]+)"\)', exercise.student_code)
+    named = re.match(r"Not implemented yet: write the body of `([\w.]+)`", result.message)
+    assert named and named[1] in unwritten, f"{exercise}: {result.message}"
+    assert "ExerciseNotWritten" in result.details["traceback (tail)"], result.details
 
 
 def test_every_lab_exercise_has_a_distinct_id():

@@ -14,7 +14,9 @@ import pytest
 import dtlab
 
 
-def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: int = 64) -> dict:
+def _counted_and_predicted(
+    degrees: dict, data_parallel: str, sp: bool, vocab: int = 64, dtype: str = "float32"
+) -> dict:
     import torch
 
     from dtlab.mesh import Layout, Mesh
@@ -27,7 +29,7 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: i
     tokens, targets = SyntheticTokens(config, n_batches=1, batch_size=4, seed=3)[0]
     mesh = Mesh(**degrees)
     composed = compose_gpt(
-        GPT(config, seed=0),
+        GPT(config, seed=0, dtype=getattr(torch, dtype)),
         mesh,
         data_parallel=data_parallel,
         sequence_parallel=sp,
@@ -54,9 +56,14 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: i
     predicted = predicted_traffic(
         config, layout, global_batch=4, pp_rank=mesh.pp_rank, n_micro=2,
         sequence_parallel=sp, data_parallel=data_parallel,
+        bytes_per_element=getattr(torch, dtype).itemsize,
     )  # fmt: skip
     predicted_state = predicted_state_bytes(
-        config, layout, pp_rank=mesh.pp_rank, data_parallel=data_parallel
+        config,
+        layout,
+        pp_rank=mesh.pp_rank,
+        data_parallel=data_parallel,
+        bytes_per_element=getattr(torch, dtype).itemsize,
     )
     return {
         "state": {k: measured_state[k] / predicted_state[k] for k in predicted_state},
@@ -66,7 +73,7 @@ def _counted_and_predicted(degrees: dict, data_parallel: str, sp: bool, vocab: i
         "held": held,
         "predicted_held": parameters_per_rank(config, layout, mesh.pp_rank)
         // (mesh.dp_size if data_parallel == "fsdp" else 1),
-        "dtype_bytes": torch.float32.itemsize,
+        "dtype_bytes": getattr(torch, dtype).itemsize,
     }
 
 
@@ -77,19 +84,20 @@ def cluster8():
 
 
 @pytest.mark.parametrize(
-    ("degrees", "data_parallel", "sp", "vocab"),
+    ("degrees", "data_parallel", "sp", "vocab", "dtype"),
     [
-        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 64),
-        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 63),  # padded to 64: 32 rows per tp rank
-        ({"dp": 2, "cp": 2, "tp": 2}, "ddp", True, 64),
-        ({"dp": 4, "tp": 2}, "fsdp", False, 64),
-        ({"pp": 2, "cp": 2, "tp": 2}, "ddp", False, 64),
+        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 64, "float32"),
+        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 63, "float32"),  # padded: 32 rows per rank
+        ({"dp": 2, "cp": 2, "tp": 2}, "ddp", True, 64, "float32"),
+        ({"dp": 4, "tp": 2}, "fsdp", False, 64, "float32"),
+        ({"pp": 2, "cp": 2, "tp": 2}, "ddp", False, 64, "float32"),
+        ({"pp": 2, "dp": 2, "tp": 2}, "ddp", False, 64, "float64"),  # lab 11 runs in FP64
     ],
 )
 def test_predicted_bytes_per_group_and_collective_equal_the_counted_bytes(
-    cluster8, degrees, data_parallel, sp, vocab
+    cluster8, degrees, data_parallel, sp, vocab, dtype
 ):
-    results = cluster8.run(_counted_and_predicted, degrees, data_parallel, sp, vocab)
+    results = cluster8.run(_counted_and_predicted, degrees, data_parallel, sp, vocab, dtype)
     for rank, result in enumerate(results):
         assert result["measured_counted"]
         assert result["counted"] == result["predicted"], rank

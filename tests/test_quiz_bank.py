@@ -136,7 +136,40 @@ def test_key_call_outside_dtlab_is_rejected(tmp_path):
         load_bank(tmp_path)
 
 
-def test_reference_problems_name_unresolvable_keys_links_and_exercises(tmp_path):
+def test_a_library_symbol_in_link_is_refused_on_load_with_the_fix(tmp_path):
+    """Issue 28: ``link`` is the lab section the hint sends a learner to; a symbol goes in ``see``."""
+    body = GOOD_CHOICE.replace("link: lab:00#ranks", "link: dtlab.runtime.context:device")
+    with pytest.raises(BankError) as error:
+        load_bank(write_bank(tmp_path / "quizzes", body))
+    assert error.value.problems == [
+        "quizzes/demo.yaml: item 'demo.pick': link 'dtlab.runtime.context:device' is a library symbol; "
+        "'link' names the lab section that teaches the idea ('lab:03#zero-stages'): move the "
+        "symbol to 'see: dtlab.runtime.context:device'"
+    ]
+
+
+def test_see_and_shuffle_are_read_and_checked_for_shape(tmp_path):
+    with_both = GOOD_CHOICE.replace(
+        "link: lab:00#ranks\n", "link: lab:00#ranks\n    see: dtlab.runtime.context:device\n"
+    ).replace("prompt: Pick b.", "shuffle: false\n    prompt: Pick b.")
+    item = load_bank(write_bank(tmp_path / "good", with_both))["demo.pick"]
+    assert item.see == "dtlab.runtime.context:device" and item.shuffle is False
+    plain = load_bank(write_bank(tmp_path / "plain", GOOD_CHOICE))["demo.pick"]
+    assert plain.see == "" and plain.shuffle is True  # the defaults
+    bad = with_both.replace("dtlab.runtime.context:device", "os:getcwd").replace(
+        "shuffle: false", 'shuffle: "no"'
+    )
+    with pytest.raises(BankError) as error:
+        load_bank(write_bank(tmp_path / "bad", bad))
+    assert error.value.problems == [
+        "bad/demo.yaml: item 'demo.pick': see 'os:getcwd' must name a library symbol, e.g. "
+        "'dtlab.memory.formulas:model_state_bytes'",
+        "bad/demo.yaml: item 'demo.pick': shuffle 'no' must be true or false (false keeps the "
+        "options in written order)",
+    ]
+
+
+def test_reference_problems_name_unresolvable_keys_see_symbols_and_exercises(tmp_path):
     write_bank(
         tmp_path,
         """
@@ -144,7 +177,8 @@ def test_reference_problems_name_unresolvable_keys_links_and_exercises(tmp_path)
           kind: numeric
           difficulty: easy
           source: [seed:000#Q1]
-          link: dtlab.runtime.context:no_such_function
+          link: lab:00#ranks
+          see: dtlab.runtime.context:no_such_function
           prompt: How many?
           key: {call: "dtlab.quiz.graders.setup:expected_rank_sum", kwargs: {world_size: 0}}
           explanation: the call raises
@@ -161,7 +195,7 @@ def test_reference_problems_name_unresolvable_keys_links_and_exercises(tmp_path)
     problems = reference_problems(load_bank(tmp_path))
     assert len(problems) == 3
     assert "raised ValueError: world_size must be at least 1" in problems[0]
-    assert "link 'dtlab.runtime.context:no_such_function' does not resolve" in problems[1]
+    assert "see 'dtlab.runtime.context:no_such_function' does not resolve" in problems[1]
     assert "exercise 'demo.not_registered' is not registered" in problems[2]
 
 

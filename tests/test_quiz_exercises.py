@@ -152,4 +152,45 @@ def test_hangs_and_dead_ranks_become_messages_for_the_learner():
         ),
         rank_sum_stub,
     )
-    assert stub.startswith("Not implemented yet") and details == {"rank": 1}
+    assert stub.startswith("Not implemented yet") and details["ranks"] == "rank 1 raised it"
+
+
+def test_an_unwritten_method_is_named_and_its_details_show_every_rank_and_the_trace():
+    """Lab 04 grades vocab_parallel_cross_entropy; the learner writes the class's forward."""
+    from dtlab.quiz.exercises import _explain_failure
+    from dtlab.runtime.errors import RankError
+    from dtlab.workshop.stubs import ExerciseNotWritten
+
+    unwritten = ExerciseNotWritten("VocabParallelCrossEntropy.forward")
+    trace = (
+        'Traceback (most recent call last):\n  File "<cell>", line 6, in forward\n'
+        f"ExerciseNotWritten: {unwritten}"
+    )
+    message, details = _explain_failure(
+        RankError(
+            0,
+            "ExerciseNotWritten",
+            str(unwritten),
+            trace,
+            "ranks [0, 1] all raised; showing rank 0.",
+        ),
+        vocab_parallel_cross_entropy,
+    )
+    assert message.startswith(
+        "Not implemented yet: write the body of `VocabParallelCrossEntropy.forward`"
+    )
+    assert "vocab_parallel_cross_entropy" not in message
+    assert details["ranks"] == "ranks [0, 1] all raised; showing rank 0."
+    assert "line 6, in forward" in details["traceback (tail)"]
+
+
+def vocab_parallel_cross_entropy(logits):
+    return logits
+
+
+def test_the_not_yet_box_renders_markdown_line_by_line():
+    shown = GradeResult(
+        False, "Not implemented yet: write the body of `merge`.\nthen rerun", {"ranks": "rank 0"}
+    )._repr_html_()
+    assert "<code>merge</code>" in shown and "`" not in shown
+    assert "<br />\nthen rerun" in shown  # one line per line, as the grader wrote it

@@ -1,4 +1,5 @@
-"""Every quiz link lands on a real lab section or library symbol; every quiz cell names a real item."""
+"""Every quiz link lands on a real lab section, every ``see`` on a real library symbol; every quiz
+cell names a real item. A library symbol in ``link`` is refused (issue 28)."""
 
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ def test_markdown_anchors_are_heading_slugs_and_explicit_ids_outside_code_fences
     ]
 
 
-def item(link: str, item_id: str = "zero.x") -> Item:
+def item(link: str, item_id: str = "zero.x", see: str = "") -> Item:
     return Item(
+        see=see,
         id=item_id,
         topic="zero",
         kind="short",
@@ -104,8 +106,8 @@ def test_a_missing_lab_or_anchor_is_reported_with_file_item_id_and_suggestions(s
             item("lab:07#experts", "zero.no_lab"),
             item("lab:03#zero-stages", "zero.no_anchor"),
             item("lab:3#zero", "zero.malformed"),
-            item("dtlab.quiz.links:slugify", "zero.symbol"),
-            item("dtlab.quiz.links:no_such_thing", "zero.bad_symbol"),
+            item("lab:03#exercise-shard", "zero.see", see="dtlab.quiz.links:slugify"),
+            item("lab:03#exercise-shard", "zero.bad_see", see="dtlab.quiz.links:no_such_thing"),
         ],
         "test",
         (),
@@ -124,7 +126,20 @@ def test_a_missing_lab_or_anchor_is_reported_with_file_item_id_and_suggestions(s
     assert (
         "item 'zero.malformed'" in problems[2] and "not of the form 'lab:NN#anchor'" in problems[2]
     )
-    assert "item 'zero.bad_symbol'" in problems[3] and len(problems) == 4
+    assert problems[3].startswith(
+        "quizzes/zero.yaml: item 'zero.bad_see': see 'dtlab.quiz.links:no_such_thing' does not resolve"
+    )
+    assert len(problems) == 4
+
+
+def test_a_library_symbol_in_link_is_refused_with_the_fix_to_move_it_to_see(solutions):
+    """Issue 28: the hint links what ``link`` names, and a function is no lesson."""
+    bank = Bank([item("dtlab.quiz.links:slugify", "zero.symbol")], "test", (), {})
+    assert link_problems(bank, solutions) == [
+        "quizzes/zero.yaml: item 'zero.symbol': link 'dtlab.quiz.links:slugify' is a library "
+        "symbol; 'link' must name the lab section that teaches the idea ('lab:NN#anchor'): move "
+        "the symbol to 'see: dtlab.quiz.links:slugify'"
+    ]
 
 
 def test_quiz_calls_are_found_with_their_ids_and_lines():
@@ -143,9 +158,9 @@ def test_a_quiz_cell_naming_no_bank_item_is_reported_with_file_and_line(solution
     ]
 
 
-def test_every_link_in_the_bank_resolves_to_a_lab_section_or_library_symbol():
+def test_every_link_in_the_bank_is_a_lab_section_and_every_see_a_library_symbol():
     problems = link_problems(load_bank(), REPO / "solutions")
-    assert not problems, "broken quiz links:\n" + "\n".join(problems)
+    assert not problems, f"{len(problems)} broken quiz links:\n" + "\n".join(problems)
 
 
 def test_every_quiz_cell_in_every_lab_pulls_an_item_that_exists():

@@ -51,12 +51,15 @@ def test_concurrent_writers_lose_and_tear_nothing(tmp_path):
     assert set(per_item.values()) == {RECORDS_EACH}
 
 
+LEARNER = "Ada Quine"  # not made of hex digits, unlike "ada", which a random id may contain
+
+
 def _write(path, **overrides):
     fields = dict(
         item="demo.a", topic="demo", kind="choice", correct=True, score=1.0, bank_version="abc"
     )
     fields.update(overrides)
-    return record_attempt(path=path, learner="ada", **fields)
+    return record_attempt(path=path, learner=LEARNER, **fields)
 
 
 def test_torn_last_line_is_skipped_reported_and_the_next_record_stays_whole(tmp_path):
@@ -79,8 +82,8 @@ def test_record_has_the_documented_fields_and_never_the_raw_name(tmp_path):
     record = _write(path)
     assert set(RECORD_FIELDS) <= set(record)
     line = path.read_text()
-    assert "ada" not in line
-    assert json.loads(line)["learner"] == learner_id("ada")
+    assert LEARNER not in line  # the id is hex: a name with other letters cannot appear by chance
+    assert json.loads(line)["learner"] == learner_id(LEARNER)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT.*\+00:00", record["ts"])
 
 
@@ -102,7 +105,7 @@ def test_read_progress_filters_by_learner_and_summarises(tmp_path):
         item="demo.a", topic="demo", kind="choice", correct=True, score=1.0, bank_version="abc",
         learner="grace", path=path,
     )  # fmt: skip
-    assert len(read_progress(path, learner="ada")) == 2
+    assert len(read_progress(path, learner=LEARNER)) == 2
     assert read_progress(path).summary() == {"demo": {"attempts": 3, "items": 2, "solved": 1}}
     assert len(read_progress(tmp_path / "absent.jsonl")) == 0
 

@@ -24,61 +24,74 @@ def cell(item_id: str, progress, **kwargs) -> QuizCell:
     return ask(item_id, learner="ada", progress_path=progress, **kwargs)
 
 
+def right_and_wrong(item) -> tuple[str, str, str]:
+    """The right option's key and two wrong ones' (keys are identity, whatever the display)."""
+    wrong = [c.key for c in item.choices if not c.correct]
+    return item.correct_keys[0], wrong[0], wrong[1]
+
+
 def test_choice_cell_hints_first_then_answers_records_and_retries(progress):
     quiz = cell("setup.world_size", progress)
-    right = quiz.item.choice(quiz.item.correct_keys[0])
-    quiz.select("a")
+    right_key, wrong, other_wrong = right_and_wrong(quiz.item)
+    right = quiz.item.choice(right_key)
+    quiz.select(wrong)
     quiz.check_button.click()
     first = quiz.feedback.value
     assert "Not quite" in first and 'href="00_setup.ipynb#cell-id=ranks"' in first  # idea, linked
     assert right.text not in first and right.why not in first  # the answer is not given away
-    assert not quiz.choice_buttons["a"].disabled and quiz.show_answer_button.layout.display is None
+    assert not quiz.choice_buttons[wrong].disabled
+    assert quiz.show_answer_button.layout.display is None
     quiz.check_button.click()  # the same answer again is not a second miss
     assert len(quiz.attempts) == 1
-    quiz.select("c")
+    quiz.select(other_wrong)
     quiz.check_button.click()  # second miss: now the answer and why
     assert right.why in quiz.feedback_markdown and "The answer is" in quiz.feedback.value
-    assert quiz.choice_buttons["a"].disabled and quiz.check_button.disabled
+    assert f"**({quiz.option_order.label(right_key)})**" in quiz.feedback_markdown  # as shown
+    assert quiz.choice_buttons[wrong].disabled and quiz.check_button.disabled
     assert quiz.retry_button.layout.display is None
     quiz.retry_button.click()
-    assert quiz.feedback.value == "" and not quiz.choice_buttons["a"].disabled
+    assert quiz.feedback.value == "" and not quiz.choice_buttons[wrong].disabled
     assert all(b.value is None for b in quiz.choice_buttons.values())
-    quiz.select("b")
+    quiz.select(right_key)
     quiz.check_button.click()
     assert "Correct." in quiz.feedback.value
     records = read_progress(progress).records
-    assert [(r["item"], r["correct"]) for r in records] == [
-        ("setup.world_size", False),
-        ("setup.world_size", False),
-        ("setup.world_size", True),
+    assert [(r["item"], r["correct"], r["chosen"]) for r in records] == [
+        ("setup.world_size", False, [wrong]),
+        ("setup.world_size", False, [other_wrong]),
+        ("setup.world_size", True, [right_key]),
     ]
     assert [g.correct for g in quiz.attempts] == [False, False, True]
 
 
 def test_show_answer_reveals_after_one_miss_without_an_attempt(progress):
     quiz = cell("setup.world_size", progress)
-    quiz.select("a")
+    right, wrong, _ = right_and_wrong(quiz.item)
+    quiz.select(wrong)
     quiz.check_button.click()
     quiz.show_answer_button.click()
-    assert quiz.item.choice("b").why in quiz.feedback_markdown and len(quiz.attempts) == 1
+    assert quiz.item.choice(right).why in quiz.feedback_markdown and len(quiz.attempts) == 1
     assert quiz.check_button.disabled
 
 
 def test_choice_options_are_rows_with_their_own_control_and_markdown_text(progress):
     quiz = cell("setup.world_size", progress)
     shapes = set()
-    for row, choice in zip(quiz.option_rows, quiz.item.choices, strict=True):
+    shown = quiz.option_order.keys
+    for position, (row, key) in enumerate(zip(quiz.option_rows, shown, strict=True)):
         control, text = row.children
-        assert control is quiz.choice_buttons[choice.key]
-        assert control.options == ((f"({choice.key})", choice.key),)  # the control, short label
+        assert control is quiz.choice_buttons[key]
+        # the control, with a short label: its displayed position, never its written key
+        assert control.options == ((f"({'abcd'[position]})", key),)
         assert "dtlab-text" in text._dom_classes and "`" not in text.value  # rendered Markdown
         shapes.add(
             (type(control), tuple(row._dom_classes), tuple(text._dom_classes), row.layout.width)
         )
     assert len(shapes) == 1  # right and wrong options are laid out identically
-    quiz.select("a")
-    quiz.select("c")  # radio semantics across the rows
-    assert [k for k, b in quiz.choice_buttons.items() if b.value] == ["c"]
+    first, second = shown[0], shown[2]
+    quiz.select(first)
+    quiz.select(second)  # radio semantics across the rows
+    assert [k for k, b in quiz.choice_buttons.items() if b.value] == [second]
     assert "white-space: normal" in quiz.widget.children[0].value  # the scoped wrapping CSS
 
 
@@ -91,7 +104,7 @@ def test_check_without_an_answer_asks_for_one_and_records_nothing(progress):
 
 def test_multi_cell_reads_its_checkboxes(progress):
     quiz = cell("setup.backends", progress)
-    for key in ("a", "b", "e"):
+    for key in quiz.item.correct_keys:
         quiz.checkboxes[key].value = True
     quiz.check_button.click()
     assert quiz.attempts[-1].correct
@@ -120,14 +133,12 @@ def test_feedback_never_shows_grader_internals(progress):
 
 def test_ordering_cell_reorders_with_its_up_down_buttons(progress):
     quiz = cell("setup.job_lifecycle", progress)
-    assert quiz.order == ["collective", "launch", "destroy", "init"]
-    up_button_of = {
-        key: row.children[0] for key, row in zip(quiz.order, quiz.order_rows, strict=True)
-    }
-    up_button_of["launch"].click()  # launch, collective, destroy, init
-    for _ in range(2):
-        quiz.order_rows[quiz.order.index("init")].children[0].click()  # init moves to 2nd
-    assert quiz.order == ["launch", "init", "collective", "destroy"]
+    answer = list(quiz.item.answer)
+    assert quiz.order == list(quiz.option_order.keys) != answer  # shuffled, never solved
+    for target, key in enumerate(answer):  # bubble each step up into place with its ▲ button
+        while quiz.order.index(key) > target:
+            quiz.order_rows[quiz.order.index(key)].children[0].click()
+    assert quiz.order == answer
     quiz.check_button.click()
     assert quiz.attempts[-1].correct
 

@@ -10,7 +10,10 @@ import pytest
 
 from dtlab import viz
 from dtlab.trace import Span, Trace
+from dtlab.viz import chart
 from dtlab.viz.labels import MIB, format_bytes, format_duration_ns
+from dtlab.viz.theme import GROUP_COLORS, HIGHLIGHT_COLORS
+from dtlab.viz.timeline import DIMMED, MIN_BAR_FRACTION, MIN_HIGHLIGHT_FRACTION
 
 MS = 1_000_000
 
@@ -191,7 +194,7 @@ def test_timeline_colours_communication_by_mesh_group_when_asked():
     fig = viz.timeline(trace, show_idle=False, color_by="group")
     assert [t.name for t in fig.data] == ["compute", "comm · dp", "comm · pp", "comm · tp"]
     colors = {t.name: t.marker.color for t in fig.data}
-    assert colors["comm · tp"] == viz.theme.GROUP_COLORS["tp"] != colors["comm · pp"]
+    assert colors["comm · tp"] == GROUP_COLORS["tp"] != colors["comm · pp"]
     assert [t.name for t in viz.timeline(trace, show_idle=False).data] == ["compute", "comm"]
     with pytest.raises(ValueError, match="choose 'kind' or 'group'"):
         viz.timeline(trace, color_by="rank")
@@ -253,3 +256,116 @@ def test_chart_problems_names_what_a_bare_figure_lacks():
     assert chart_problems(fig) == []
     with pytest.raises(ValueError, match="caption"):
         describe(fig, caption=" ")
+
+
+# -- issue 28: timelines show what the prose points at; legends and axis titles are never clipped --
+
+
+@pytest.fixture
+def ranks_started_apart() -> Trace:
+    """Two ranks running the same independent step, rank 1 starting 30 ms after rank 0."""
+    spans = []
+    for rank, t0 in ((0, 0), (1, 30 * MS)):
+        spans += [
+            Span(rank, "forward", "compute", t0, t0 + 4 * MS),
+            Span(rank, "backward", "compute", t0 + 5 * MS, t0 + 12 * MS),
+            Span(rank, "recompute", "other", t0 + 6 * MS, t0 + 7 * MS),
+            Span(rank, "offload", "memcpy", t0 + 1 * MS, t0 + 1 * MS + 2_000),  # 2 µs
+        ]
+    return Trace(spans)
+
+
+def test_aligned_timeline_starts_every_rank_at_zero_with_idle_only_between_its_own_spans(
+    ranks_started_apart,
+):
+    fig = viz.timeline(ranks_started_apart, align="step")
+    for rank in ("rank 0", "rank 1"):
+        starts = [b for t in fig.data for y, b in zip(t.y, t.base, strict=True) if y == rank]
+        assert min(starts) == 0.0
+    idle = bar(fig, "idle")  # the 1 ms between forward and backward, on each rank, nothing more
+    assert sorted(zip(idle.y, idle.base, idle.x, strict=True)) == [
+        ("rank 0", 4.0, 1.0),
+        ("rank 1", 4.0, 1.0),
+    ]
+    assert fig.layout.xaxis.title.text == "time since each rank's first span (ms)"
+
+
+def test_one_clock_timeline_of_ranks_started_apart_is_mostly_idle(ranks_started_apart):
+    idle = bar(viz.timeline(ranks_started_apart), "idle")
+    assert sum(idle.x) == pytest.approx(2 * 30 + 2 * 1)  # why the labs align such steps
+
+
+def test_timeline_refuses_an_unknown_alignment(ranks_started_apart):
+    with pytest.raises(ValueError, match="'run'.*'step'.*'latest_start'"):
+        viz.timeline(ranks_started_apart, align="rank")
+
+
+def test_highlighted_spans_get_their_own_colour_drawn_on_top_and_the_rest_dimmed(
+    ranks_started_apart,
+):
+    fig = viz.timeline(ranks_started_apart, align="step", highlight="recompute")
+    names = [t.name for t in fig.data]
+    assert names[-1] == "recompute" and "other" not in names  # its kind had no other span
+    picked = bar(fig, "recompute")
+    assert picked.marker.color == HIGHLIGHT_COLORS[0]
+    assert picked.marker.color not in {*viz.KIND_COLORS.values(), *GROUP_COLORS.values()}
+    assert picked.opacity is None
+    assert {t.opacity for t in fig.data if t.name != "recompute"} == {DIMMED}
+
+
+def test_a_span_too_short_to_see_is_drawn_a_few_pixels_wide_but_hovers_its_true_duration(
+    ranks_started_apart,
+):
+    plain = bar(viz.timeline(ranks_started_apart, align="step"), "memcpy")
+    assert list(plain.x) == [pytest.approx(12 * MIN_BAR_FRACTION)] * 2  # of the 12-ms axis
+    assert "duration 2.0 µs" in plain.hovertext[0]
+    picked = bar(viz.timeline(ranks_started_apart, align="step", highlight="offload"), "offload")
+    assert list(picked.x) == [pytest.approx(12 * MIN_HIGHLIGHT_FRACTION)] * 2
+
+
+def test_latest_start_keeps_one_clock_but_cuts_the_early_ranks_wait_for_the_late_one():
+    late = Trace(
+        [
+            Span(0, "all_to_all", "comm", 0, 33 * MS),  # rank 0 waits for rank 1 to arrive
+            Span(0, "experts", "compute", 34 * MS, 40 * MS),
+            Span(1, "all_to_all", "comm", 30 * MS, 33 * MS),
+            Span(1, "experts", "compute", 34 * MS, 38 * MS),
+        ]
+    )
+    fig = viz.timeline(late, align="latest_start")
+    comm, compute = bar(fig, "comm"), bar(fig, "compute")
+    assert list(zip(comm.y, comm.base, comm.x, strict=True)) == [
+        ("rank 0", 0.0, 3.0),
+        ("rank 1", 0.0, 3.0),
+    ]
+    assert list(compute.base) == [4.0, 4.0]  # still one clock: both started experts at 34 ms
+    assert fig.layout.xaxis.title.text == "time since the last rank started (ms)"
+
+
+def test_a_timeline_with_many_kinds_is_tall_enough_for_its_whole_legend():
+    kinds = ["compute", "comm", "memcpy", "optimizer", "other"]
+    trace = Trace([Span(0, k, k, i * MS, (i + 1) * MS) for i, k in enumerate(kinds)])
+    fig = viz.timeline(trace, highlight="other")  # one rank: the shortest timeline there is
+    legend_px = chart.LEGEND_TITLE_PX + chart.LEGEND_ITEM_PX * len(fig.data)
+    assert fig.layout.height - fig.layout.margin.t - chart.BELOW_PLOT_PX >= legend_px
+    assert viz.chart_problems(fig) == []
+
+
+def test_describe_makes_room_for_a_y_title_longer_than_the_plot_is_tall():
+    fig = go.Figure(go.Bar(x=["t = 2"], y=[1.0]))
+    fig.update_layout(height=300, title="cost")
+    fig.update_yaxes(title_text="time per layer per micro-batch (ms)")
+    assert any("y-axis title" in p for p in viz.chart_problems(fig))
+    viz.describe(fig, caption="what to see", x="rank")
+    assert viz.chart_problems(fig) == []
+    assert fig.layout.height > 300
+
+
+def test_the_caption_sits_at_the_top_clear_of_subplot_titles():
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TP", "TP + SP"))
+    fig.add_bar(x=["rank 0"], y=[1], row=1, col=1)
+    viz.describe(fig, title="t", caption="c", x="rank", y="bytes (MiB)")
+    assert fig.layout.title.yref == "container" and fig.layout.title.yanchor == "top"
+    assert fig.layout.margin.t >= chart.TOP_MARGIN_PX

@@ -105,13 +105,57 @@ def test_malformed_cell_metadata_is_an_error_naming_the_marker_line():
 def test_student_edition_replaces_each_solution_block_at_its_indentation():
     lab = parse()
     student = student_source(lab.cells[2], lab.path, 2).splitlines()
-    assert student[2] == (
-        '    raise NotImplementedError("Exercise: double — replace this line with your code")'
+    assert student[0] == "from dtlab.workshop.stubs import ExerciseNotWritten"
+    assert (
+        student[4] == '    raise ExerciseNotWritten("double")  # replace this line with your code'
     )
     assert student[-1] == (
-        '        raise NotImplementedError("Exercise: method — replace this line with your code")'
+        '        raise ExerciseNotWritten("Helper.method")  # replace this line with your code'
     )
-    assert '"""Twice x."""' in student[1]  # the docstring is the student's specification
+    assert '"""Twice x."""' in student[3]  # the docstring is the student's specification
+
+
+def test_a_fallback_marker_wraps_the_function_in_the_student_edition_only():
+    lab = parse(
+        LAB.replace(
+            "    # BEGIN SOLUTION\n    secret",
+            "    # BEGIN SOLUTION fallback=operator:neg\n    secret",
+        )
+    )
+    student = student_source(lab.cells[2], lab.path, 2).splitlines()
+    assert student[0] == "from dtlab.workshop.stubs import ExerciseNotWritten, until_written"
+    assert student[2:4] == ['@until_written(fallback="operator:neg")', "def double(x):"]
+    assert "until_written" not in sources_of(render_notebook(lab, "solution"))
+    namespace: dict = {}
+    exec("\n".join(student), namespace)
+    assert namespace["double"](3) == -3  # the stand-in, until the learner writes double
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("        # BEGIN SOLUTION fallback=operator:neg", r"99_demo.py:\d+: a fallback needs"),
+        ("        # BEGIN SOLUTION fallback=operator", r"99_demo.py:\d+: cannot read"),
+    ],
+)
+def test_a_fallback_outside_a_top_level_function_or_malformed_is_a_build_error(marker, message):
+    text = LAB.replace(
+        '        # BEGIN SOLUTION\n        return "hidden', marker + '\n        return "hidden'
+    )
+    with pytest.raises(LabSourceError, match=message):
+        render_notebook(parse(text), "student")
+
+
+def test_a_later_cell_calling_an_exercise_without_a_fallback_is_a_build_error(tmp_path: Path):
+    calls_it = LAB + "\n# %%\nprint(double(2))\n"
+    write_lab(tmp_path, text=calls_it)
+    with pytest.raises(LabSourceError, match=r"99_demo.py:\d+: this cell calls double\(\)"):
+        build(tmp_path)
+    declared = calls_it.replace(
+        "    # BEGIN SOLUTION\n    secret", "    # BEGIN SOLUTION fallback=operator:neg\n    secret"
+    )
+    write_lab(tmp_path, text=declared)
+    assert build(tmp_path)
 
 
 def test_student_notebook_contains_no_solution_text():

@@ -24,8 +24,10 @@ Steps, each printed as it runs, each skipped when already done (run it as often 
 5. Record a stamp (a hash of pyproject.toml and the torch choice) in ``.venv``; while it matches,
    steps 3–4 are skipped.
 
-Then ``lab`` runs ``dtlab lab`` (JupyterLab on ``labs/``; extra arguments pass through,
-e.g. ``--no-browser``) and ``test`` runs ``python -m pytest`` with
+Then ``lab`` runs ``dtlab lab`` (JupyterLab on ``labs/``): an optional lab number right after
+``lab``, then JupyterLab's own options, unchanged and in order, written as JupyterLab takes them
+(``python3 lib/dtlab/bootstrap.py lab 03 --no-browser --port 8899``; ``--port=8899`` works too).
+``test`` runs ``python -m pytest`` with
 ``DTLAB_MODE=fast`` unless you set it, and exits with pytest's exit status (pyproject's pytest
 settings add the solution notebooks through ``--nbval-lax``).
 
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 lib/dtlab/bootstrap.py",
         description="Install dtlab into .venv, then start the labs or run the tests.",
+        allow_abbrev=False,  # `--tor` is JupyterLab's or pytest's business, not our --torch
     )
     parser.add_argument(
         "action", choices=["lab", "test", "install"], help="what to do after installing"

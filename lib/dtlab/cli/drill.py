@@ -12,9 +12,16 @@ your progress file, so the next drill knows what to bring back.
 While answering: ``skip`` (or ``s``) moves on, ``quit`` (or ``q``, end of input with Ctrl-D, or
 Ctrl-C) stops and shows the score. Scoring is the same whichever way a question is left: every
 question of the set is in the score's denominator; the one on screen when you skip or stop counts
-as *skipped*, the ones never shown as *not reached*, all scoring 0. Choices are answered with keys (``b``, ``a c``), numbers with or
-without a unit (``1.12 TB``), orderings with the step keys in order, and spoken answers by
-ticking the rubric points you made (``1 3``, ``all``, ``none``).
+as *skipped*, the ones never shown as *not reached*, all scoring 0. Choices are answered with the
+letters shown beside the options (``b``, ``a c``), numbers with or without a unit (``1.12 TB``),
+orderings with the step keys in order, and spoken answers by ticking the rubric points you made
+(``1 3``, ``all``, ``none``).
+
+Options are shuffled per learner and attempt (:mod:`dtlab.quiz.shuffle`) and lettered by their
+displayed position; the attempt number is how many times your progress file has recorded you
+answering that item, so an item that comes back in a later drill comes back reshuffled, and the
+same history shows the same order. The letters you type are turned back into option keys before
+grading, so grading and the record never depend on where an option was shown.
 
 Questions and feedback are Markdown rendered for the terminal by ``rich`` (code, lists, links as
 "text (target)"), wrapped to the terminal's width; the feedback never shows grader internals.
@@ -26,6 +33,7 @@ import argparse
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -47,6 +55,7 @@ class DrillSession:
     """Asks ``items`` one by one on ``stdin``/``stdout``; ``clock`` is injectable for tests.
 
     ``width`` is the wrap width (default: the terminal's, 80 when output is not a terminal).
+    ``history`` is the learner's progress records: its attempts at an item number the shuffle.
     """
 
     def __init__(
@@ -62,6 +71,7 @@ class DrillSession:
         learner: str | None = None,
         progress_path: Path | None = None,
         width: int | None = None,
+        history: list[dict] | tuple = (),
     ):
         from rich.console import Console
 
@@ -72,6 +82,7 @@ class DrillSession:
         self.time_limit_s, self.clock = time_limit_s, clock
         self.record, self.learner, self.progress_path = record, learner, progress_path
         self.score = MockScore()
+        self.past_attempts = Counter(r.get("item") for r in history)
         is_terminal = hasattr(stdout, "isatty") and stdout.isatty()
         self.console = Console(
             file=stdout,
@@ -137,9 +148,9 @@ class DrillSession:
             if asked is None:
                 self.score.add(Answered(item, 0.0, False, "skipped"))
                 continue
-            response, result = asked
+            response, result, order = asked
             late = deadline is not None and self.clock() > deadline
-            self.show(answer_markdown(item, response, result))
+            self.show(answer_markdown(item, response, result, order))
             if late:
                 self.say("(Answered after the time limit: it counts 0 in the mock score.)")
             self.score.add(
@@ -163,16 +174,25 @@ class DrillSession:
         left = max(0, int(deadline - self.clock()))
         return f" · {left // 60}:{left % 60:02d} left"
 
+    def order_for(self, item):
+        """How ``item``'s options are shown to this learner now (:mod:`dtlab.quiz.shuffle`)."""
+        from dtlab.quiz.shuffle import option_order, shuffle_learner
+
+        if not hasattr(self, "_shuffle_learner"):
+            self._shuffle_learner = shuffle_learner(self.learner)
+        return option_order(item, self._shuffle_learner, self.past_attempts[item.id])
+
     def ask(self, item):
         """Show ``item``, read answers until one has a gradable shape.
 
-        Returns ``(response, Grade)``, or None if skipped.
+        Returns ``(response in option keys, Grade, the order shown)``, or None if skipped.
         """
         from dtlab.quiz.drill import item_as_markdown
         from dtlab.quiz.practice import attempt
         from dtlab.quiz.schema import AnswerError
 
-        self.show(item_as_markdown(item))
+        order = self.order_for(item)
+        self.show(item_as_markdown(item, order))
         if item.kind == "short":
             if self.read().lower() in ("s", "skip"):
                 return None
@@ -188,15 +208,19 @@ class DrillSession:
                 return None
             try:
                 response = _rubric_ticks(text, len(item.rubric)) if item.kind == "short" else text
+                labels = _as_response(item, response)
                 result = attempt(
                     item.id,
-                    response,
+                    labels,
                     bank=self.bank,
                     learner=self.learner,
                     progress_path=self.progress_path,
                     record=self.record,
+                    order=order,  # turns the letters typed into option keys, records the order
                 )
-                return _as_response(item, response), result
+                if self.record:
+                    self.past_attempts[item.id] += 1
+                return order.to_keys(item.kind, labels), result, order
             except AnswerError as error:
                 self.say(f"That answer does not fit the question: {error}. Try again, or 'skip'.")
         self.say("Skipping this one.")
@@ -204,7 +228,7 @@ class DrillSession:
 
 
 def _as_response(item, text):
-    """The typed answer in the shape the feedback reads (keys as a list for multi items)."""
+    """The typed answer as a list of labels for multi and ordering items (text otherwise)."""
     if item.kind in ("multi", "ordering") and isinstance(text, str):
         return text.replace(",", " ").split()
     return text
@@ -274,6 +298,7 @@ def run_drill(
         record=not args.no_record,
         learner=args.learner,
         progress_path=args.progress,
+        history=history,
     )
     score = session.run()
     return 130 if score.interrupted else 0

@@ -1,18 +1,29 @@
 """Open the labs in JupyterLab: ``dtlab lab`` (all of labs/) or ``dtlab lab 3`` (lab 03).
 
-Options dtlab does not know go to JupyterLab unchanged; give them as ``--key=value`` so a value
-is never mistaken for a lab number: ``dtlab lab 02 --no-browser --port=8899``.
+Everything after the optional lab number goes to JupyterLab unchanged and in order, so its
+options are written as JupyterLab takes them, with a space or an ``=``::
+
+    dtlab lab 02 --no-browser --port 8899 --ip 0.0.0.0
+    dtlab lab --no-browser --port=8899
+
+Decision: a lab number is only the FIRST argument, and only when it is a bare number of one or
+two digits (``3``, ``03``) or a lab's file-name prefix (``03_zero``). So ``8899`` after
+``--port`` is always the port, never a lab; a first argument like ``7`` that names no lab is an
+error listing the labs (JupyterLab would otherwise open an empty file called ``7``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-HELP = "start JupyterLab on labs/ or on one lab (`dtlab lab 03`)"
+HELP = "start JupyterLab on labs/ or on one lab (`dtlab lab 03 --port 8899`)"
+
+LAB_NUMBER = re.compile(r"\d{1,2}(_[\w-]*)?")
 
 
 def find_lab(labs_dir: Path, number: str) -> Path:
@@ -25,6 +36,17 @@ def find_lab(labs_dir: Path, number: str) -> Path:
     if not matches:
         raise FileNotFoundError(f"no lab {number!r} in {labs_dir}; the labs are: {known}")
     raise FileNotFoundError(f"lab {number!r} is ambiguous ({', '.join(p.stem for p in matches)})")
+
+
+def split_arguments(labs_dir: Path, arguments: list[str]) -> tuple[Path | None, list[str]]:
+    """``[NN] [JupyterLab options...]`` → (the lab to open or None, JupyterLab's arguments).
+
+    Only a leading ``NN`` is a lab (see the module docstring); the rest keeps its order, so
+    ``--port 8899`` reaches JupyterLab as ``--port 8899``.
+    """
+    if arguments and LAB_NUMBER.fullmatch(arguments[0]):
+        return find_lab(labs_dir, arguments[0]), list(arguments[1:])
+    return None, list(arguments)
 
 
 def jupyter_command(labs_dir: Path, lab: Path | None, extra: list[str]) -> list[str]:
@@ -47,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         labs_dir = find_repo_root() / "labs"
-        lab = find_lab(labs_dir, args.number) if args.number else None
+        lab, extra = split_arguments(labs_dir, args.extra)
     except FileNotFoundError as err:
         print(f"error: {err}")
         return 2
-    command = jupyter_command(labs_dir, lab, args.extra)
+    command = jupyter_command(labs_dir, lab, extra)
     print("$ " + " ".join(command))
     try:
         return subprocess.call(command, cwd=labs_dir)
@@ -60,5 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("number", nargs="?", help="lab number, e.g. 3 or 03 (default: all labs)")
+    # No positional here: argparse would fill it with the first bare word wherever it stands
+    # (the 8899 of `--port 8899`). Every argument arrives in order as args.extra instead.
+    parser.usage = "dtlab lab [NN] [JupyterLab options, e.g. --no-browser --port 8899]"
     parser.set_defaults(run=run, passthrough=True)

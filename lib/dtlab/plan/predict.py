@@ -14,8 +14,8 @@ group      what each rank sends in one step
 tp         without SP, per block and micro-batch: 4 all-reduces of ``b_m·s·d·e`` (Megatron's g in
            forward after attention and MLP, f's backward before them); the vocabulary-parallel
            embedding's forward all-reduce and the LM head's f in backward, one ``b_m·s·d·e`` each
-           (first and last stage); the vocab-parallel loss' 3 all-reduces of ``b_m·s`` fp32
-           (max, sum of exponentials, target logit). With SP the block's all-reduces become an
+           (first and last stage); the vocab-parallel loss' 3 all-reduces of ``b_m·s`` values
+           (max, sum of exponentials, target logit) in the logits' dtype, at least FP32. With SP the block's all-reduces become an
            all-gather and a reduce-scatter each (same bytes, split), the embedding's a
            reduce-scatter (and its all-gather in backward), the head's an all-gather (and a
            reduce-scatter in backward); plus one all-reduce of the replicated parameters'
@@ -137,7 +137,8 @@ def predicted_traffic(
 
     if t > 1:
         ends = int(first) + int(last)  # embedding forward, LM head backward
-        loss = 3 * _ar(b_m * s * 4, t) if last else 0
+        # the logits' dtype, but 16-bit logits are upcast to FP32 before the loss' all-reduces
+        loss = 3 * _ar(b_m * s * max(e, 4), t) if last else 0
         if sequence_parallel:
             one = _half(act, t)
             tp_ops = {"all_gather": (4 * layers + ends) * m * one}

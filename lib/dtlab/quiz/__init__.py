@@ -13,7 +13,7 @@ from dtlab.quiz.bank import Bank, bank_version, cached_bank, load_bank
 from dtlab.quiz.exercises import GradeResult, check_exercise, exercise, known_exercises
 from dtlab.quiz.grading import grade
 from dtlab.quiz.keys import KeyComputationError, compute_key
-from dtlab.quiz.practice import attempt, get_item, item_as_text, items_for, topics
+from dtlab.quiz.practice import attempt, get_item, item_as_text, items_for, shown_order, topics
 from dtlab.quiz.progress import Progress, learner_id, read_progress, record_attempt
 from dtlab.quiz.references import reference_problems
 from dtlab.quiz.schema import AnswerError, BankError, Grade, Item
@@ -47,6 +47,7 @@ __all__ = [
     "read_progress",
     "record_attempt",
     "reference_problems",
+    "shown_order",
     "topics",
 ]
 

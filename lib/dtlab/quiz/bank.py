@@ -9,7 +9,8 @@ File layout — one topic per file, the file named after the topic::
         kind: numeric            # choice | multi | numeric | ordering | short | code
         difficulty: medium       # easy | medium | hard (easy = first contact, hard = interview deep-dive)
         source: [seed:004#zero-table]   # tags naming the interview topic/seed question it covers
-        link: lab:03#zero-stages        # or a library symbol: dtlab.memory.formulas:model_state_bytes
+        link: lab:03#zero-stages        # the lab section that teaches it (never a library symbol)
+        see: dtlab.memory.formulas:model_state_bytes   # optional: the symbol that computes it
         prompt: ...              # markdown; $math$ renders in the notebook
         explanation: ...         # why the right answer is right (shown after every attempt)
         # ... plus the kind's own fields below. Unknown fields are errors (typos get a suggestion).
@@ -21,7 +22,9 @@ Kinds and their fields:
     position; ``correct`` defaults to false; ``why`` is required on *every* choice (why it is
     right, or why a learner might pick it and why it is wrong). ``choice`` has exactly one
     correct option; ``multi`` at least one and is scored by the fraction of options judged
-    right (fully correct only when every option is).
+    right (fully correct only when every option is). Options are shown shuffled per learner
+    (:mod:`dtlab.quiz.shuffle`) unless ``shuffle: false``, for options whose order means
+    something ("All of the above").
 ``numeric``
     ``key: {call: "dtlab.module:function", args: [...], kwargs: {...}, scale: 1e-9, pick: field}``
     — the answer is *computed*, never typed: ``scale * pick(call(*args, **kwargs))``. Only
@@ -42,7 +45,7 @@ Kinds and their fields:
     function runs on a Cluster and is compared with the reference.
 
 Loading checks structure only (fast, imports nothing);
-:func:`dtlab.quiz.references.reference_problems` also resolves numeric keys, library-symbol links
+:func:`dtlab.quiz.references.reference_problems` also resolves numeric keys, ``see`` symbols
 and exercise ids, and the test suite runs it on the bank.
 ``Bank.version`` is a hash of the files' contents, recorded with every attempt.
 """

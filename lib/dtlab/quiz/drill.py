@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dtlab.quiz.schema import Item
+from dtlab.quiz.shuffle import OptionOrder, written_order
 
 NEW_WEIGHT = 2.0
 MISSED_BONUS = 3.0
@@ -37,25 +38,31 @@ SECONDS_PER_ITEM = 90.0
 TERMINAL_KINDS = ("choice", "multi", "numeric", "ordering", "short")
 
 
-def item_as_markdown(item: Item) -> str:
-    """The question as Markdown for a terminal (rendered by ``rich``), with how to answer it."""
+def item_as_markdown(item: Item, order: OptionOrder | None = None) -> str:
+    """The question as Markdown for a terminal (rendered by ``rich``), with how to answer it.
+
+    Options and steps are listed in ``order`` (:mod:`dtlab.quiz.shuffle`; None: written order),
+    choice/multi options labelled by displayed position.
+    """
+    order = order if order is not None else written_order(item)
     lines = [f"**{item.id}** · {item.difficulty}", "", item.prompt, ""]
     if item.kind in ("choice", "multi"):
-        lines += [f"- **({c.key})** {c.text}" for c in item.choices]
+        text = {c.key: c.text for c in item.choices}
+        lines += [f"- **({order.label(k)})** {text[k]}" for k in order.keys]
         lines += [
             "",
-            "Answer with one key."
+            "Answer with one letter."
             if item.kind == "choice"
-            else "Answer with every right key, e.g. `a c`.",
+            else "Answer with every right letter, e.g. `a c`.",
         ]
     elif item.kind == "numeric":
         lines.append(
             f"Answer with a number in {item.unit}." if item.unit else "Answer with a number."
         )
     elif item.kind == "ordering":
-        lines += [f"- **{s.key}**: {s.text}" for s in item.steps]
-        order = " ".join(s.key for s in item.steps)
-        lines += ["", f"Answer with the keys in order, e.g. `{order}`."]
+        text = {s.key: s.text for s in item.steps}
+        lines += [f"- **{k}**: {text[k]}" for k in order.keys]
+        lines += ["", f"Answer with the keys in order, e.g. `{' '.join(order.keys)}`."]
     elif item.kind == "short":
         lines.append("Answer out loud (or type it), then press Enter to see the rubric.")
     return "\n".join(lines)

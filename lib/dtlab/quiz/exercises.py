@@ -10,10 +10,18 @@ A grader runs the learner's function on real ranks and compares it with the refe
 
 Graders live in ``dtlab/quiz/graders/<topic>.py`` and are imported lazily the first time an
 exercise is looked up. A lab cell calls ``check_exercise("setup.rank_sum", rank_sum, cluster)``:
-the learner's stub raising ``NotImplementedError``, an error on a rank, a hang, a dead rank, a
+the learner's stub raising ``NotImplementedError`` (the student notebook's
+:class:`~dtlab.workshop.stubs.ExerciseNotWritten`, which names the function or method still to
+write — not always the graded function: lab 04 grades ``vocab_parallel_cross_entropy`` and the
+learner writes ``VocabParallelCrossEntropy.forward``), an error on a rank, a hang, a dead rank, a
 mismatch (an ``AssertionError`` from the grader), a right result reached without the skill
 (:class:`NotTheSkill`) — each becomes a failed :class:`GradeResult` with a message for the
-learner, so a student notebook still runs top to bottom.
+learner, so a student notebook still runs top to bottom. The learner's own function is graded,
+never the library stand-in :func:`~dtlab.workshop.stubs.until_written` puts around it.
+
+The "Not yet"/"Passed" box renders its message as Markdown with the quiz feedback's
+:func:`~dtlab.quiz.feedback.markdown_to_html` (`code` in backticks, one line per line); details
+stay preformatted.
 """
 
 from __future__ import annotations
@@ -61,9 +69,16 @@ class GradeResult:
         return (
             f"<div style='border-left:4px solid {colour};padding:4px 10px;text-align:left'>"
             f"<b style='color:{colour}'>{mark}</b> <code>{html.escape(self.exercise_id)}</code>"
-            f"<pre style='white-space:pre-wrap;margin:4px 0'>{html.escape(self.message)}</pre>"
+            f"<div style='margin:4px 0'>{message_html(self.message)}</div>"
             f"{details}</div>"
         )
+
+
+def message_html(message: str) -> str:
+    """A grade message as HTML: Markdown (backticks become code), each line kept as a line."""
+    from dtlab.quiz.feedback import markdown_to_html
+
+    return markdown_to_html(message.rstrip().replace("\n", "  \n"))
 
 
 class NotTheSkill(AssertionError):
@@ -195,19 +210,38 @@ def learner_line(trace: str, fn: Callable) -> str:
     return found
 
 
+def _not_written(name: str, unwritten: str | None) -> str:
+    if unwritten is None:
+        return (
+            f"Not implemented yet: write the body of `{name}` "
+            "(replace the `raise NotImplementedError`)."
+        )
+    return (
+        f"Not implemented yet: write the body of `{unwritten}` "
+        "(replace the `raise ExerciseNotWritten` line)."
+    )
+
+
 def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any]]:
+    from dtlab.workshop.stubs import not_written_name
+
     name = getattr(fn, "__name__", "your function")
-    stub = f"Not implemented yet: write the body of `{name}` (replace the `raise NotImplementedError`)."
     if isinstance(error, NotImplementedError):
-        return stub, {}
+        trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        return _not_written(name, not_written_name(str(error))), {"traceback (tail)": _tail(trace)}
     if _is(error, "RankError"):
         rank = getattr(error, "rank", "?")
         remote = str(getattr(error, "remote_traceback", "") or error)
         remote_type = getattr(error, "exc_type", "")
-        if remote_type == "NotImplementedError" or re.search(
-            r"^NotImplementedError\b", remote, re.M
+        if remote_type in ("NotImplementedError", "ExerciseNotWritten") or re.search(
+            r"^(\w+\.)*(NotImplementedError|ExerciseNotWritten)\b", remote, re.M
         ):
-            return stub, {"rank": rank}
+            unwritten = not_written_name(str(getattr(error, "remote_message", "")))
+            ranks = getattr(error, "note", "") or f"rank {rank} raised it"
+            return _not_written(name, unwritten), {
+                "ranks": ranks.splitlines()[0],
+                "traceback (tail)": _tail(remote),
+            }
         if remote_type:
             what = f"{remote_type}: {getattr(error, 'remote_message', '')}"
         else:
@@ -288,7 +322,9 @@ def check_exercise(
             False, f"Pass your function itself, not {type(fn).__name__} (no parentheses)."
         )
     else:
-        result = _run_grader(entry, fn, cluster)
+        from dtlab.workshop.stubs import learner_function
+
+        result = _run_grader(entry, learner_function(fn), cluster)
     result.exercise_id = exercise_id
     if record:
         try:

@@ -5,7 +5,8 @@ computed it, which item authors and tests need). A learner sees a different text
 Markdown from the item and the response:
 
 * :func:`hint_markdown` — after a first miss: which idea to revisit, as a link to the lab section
-  the item points at, plus a slip hint for a number off by a telltale factor (8, 1000, 1.024^k).
+  that teaches it (the item's ``link``) and, when the item has a ``see``, the library function that
+  computes it as a second pointer, plus a slip hint for a number off by a telltale factor (8, 1000, 1.024^k).
   It never names the right option or the key.
 * :func:`answer_markdown` — after a right answer, a second miss, or "Show answer": the verdict,
   why the chosen option is right or wrong, the answer, and the explanation. No grader internals:
@@ -25,6 +26,7 @@ import re
 from functools import lru_cache
 
 from dtlab.quiz.schema import Grade, Item
+from dtlab.quiz.shuffle import OptionOrder
 from dtlab.quiz.units import parse_number, slip_hint
 
 _LAB_REFERENCE = re.compile(r"\blab:(?P<lab>\d{2})#(?P<anchor>[a-z0-9]+(?:-[a-z0-9]+)*)")
@@ -78,6 +80,11 @@ def link_markdown(link: str) -> str:
     if link.strip().startswith("dtlab.quiz.graders"):
         return "the lab's exercise"  # a grader is no reading for a learner
     return f"`{link.strip().replace(':', '.')}`"
+
+
+def symbol_markdown(symbol: str) -> str:
+    """A library symbol ``dtlab.module:attr`` as inline code ``dtlab.module.attr``."""
+    return f"`{symbol.strip().replace(':', '.')}`"
 
 
 def linkify(text: str) -> str:
@@ -139,7 +146,14 @@ def terminal_links(text: str) -> str:
 
 
 def _idea(item: Item) -> str:
-    return f"Revisit the idea in {link_markdown(item.link)} and try again."
+    """The hint's pointer: the lab section that teaches the idea, then (when the item has a
+    ``see``) the library symbol that computes or implements it — named, never called, so no
+    number leaks. The wording is neutral ("in the library:") because a ``see`` may be a function
+    or a class."""
+    text = f"Revisit {link_markdown(item.link)} and try again"
+    if item.see:
+        text += f" (in the library: {symbol_markdown(item.see)})"
+    return text + "."
 
 
 def hint_markdown(item: Item, response: object, grade_: Grade) -> str:
@@ -183,8 +197,17 @@ def _verdict(grade_: Grade) -> str:
     return f"**Partly right ({grade_.score:.0%}).**" if grade_.score > 0 else "**Not quite.**"
 
 
-def answer_markdown(item: Item, response: object, grade_: Grade | None) -> str:
-    """The full answer: verdict (when there is an attempt), reasons, answer, explanation."""
+def answer_markdown(
+    item: Item, response: object, grade_: Grade | None, order: OptionOrder | None = None
+) -> str:
+    """The full answer: verdict (when there is an attempt), reasons, answer, explanation.
+
+    ``response`` holds option keys (identity); ``order`` is how the options were shown, so each
+    is named by the label the learner saw (its written key when None) and multi options are
+    listed in displayed order.
+    """
+    label = order.label if order is not None and order.keys else (lambda key: key)
+    shown = order.keys if order is not None and order.keys else [c.key for c in item.choices]
     parts = [_verdict(grade_)] if grade_ is not None else ["**The answer.**"]
     chosen = None
     if item.kind == "choice":
@@ -192,16 +215,18 @@ def answer_markdown(item: Item, response: object, grade_: Grade | None) -> str:
         chosen = keys.get(str(response).strip().lower()) if response is not None else None
         right = item.choice(item.correct_keys[0])
         if chosen is not None:
-            parts.append(f"({chosen.key}) {chosen.why}")
+            parts.append(f"({label(chosen.key)}) {chosen.why}")
         if chosen is None or not chosen.correct:
-            parts.append(f"The answer is **({right.key})** {right.text.rstrip('.')}. {right.why}")
+            parts.append(
+                f"The answer is **({label(right.key)})** {right.text.rstrip('.')}. {right.why}"
+            )
     elif item.kind == "multi":
         picked = {str(k).lower() for k in (response or [])}
         notes = []
-        for c in item.choices:
+        for c in map(item.choice, shown):
             mark = "✓" if c.correct else "✗"
             chosen_note = " (you ticked it)" if c.key.lower() in picked else ""
-            notes.append(f"- {mark} **({c.key})**{chosen_note}: {c.why}")
+            notes.append(f"- {mark} **({label(c.key)})**{chosen_note}: {c.why}")
         parts.append("Right options are marked ✓:\n\n" + "\n".join(notes))
     elif item.kind == "numeric":
         from dtlab.quiz.keys import compute_key
@@ -233,5 +258,6 @@ def answer_markdown(item: Item, response: object, grade_: Grade | None) -> str:
             if missed:
                 parts.append("Points to add next time:\n\n" + "\n".join(f"- {p}" for p in missed))
     parts.append(item.explanation)
-    parts.append(f"More in {link_markdown(item.link)}.")
+    more = f"More in {link_markdown(item.link)}"
+    parts.append(more + (f" (in the library: {symbol_markdown(item.see)})." if item.see else "."))
     return "\n\n".join(p for p in parts if p)

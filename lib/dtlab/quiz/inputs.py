@@ -23,36 +23,33 @@ def option_row(control: w.Widget, markdown: str) -> w.HBox:
 
 
 def build_input(cell) -> w.Widget:
-    """The input box for ``cell.item``'s kind (module docstring)."""
+    """The input box for ``cell.item``'s kind (module docstring).
+
+    Options and steps are shown in ``cell.option_order`` (:mod:`dtlab.quiz.shuffle`): the controls
+    are keyed by option key (identity), their labels are positions ``(a)``, ``(b)`` … in display.
+    """
     kind = cell.item.kind
     if kind == "choice":
         # one single-option radio per row: real radio controls, each beside wrapping text
         cell.choice_buttons = {
-            c.key: w.RadioButtons(
-                options=[(f"({c.key})", c.key)], value=None, layout=w.Layout(width="auto")
-            )
+            c.key: w.RadioButtons(options=[("", c.key)], value=None, layout=w.Layout(width="auto"))
             for c in cell.item.choices
         }
         for button in cell.choice_buttons.values():
             button.observe(cell._one_choice_only, "value")
         cell._inputs = list(cell.choice_buttons.values())
-        cell.option_rows = [
-            option_row(cell.choice_buttons[c.key], c.text) for c in cell.item.choices
-        ]
-        return w.VBox(cell.option_rows, layout=w.Layout(width="100%"))
+        cell.options_box = w.VBox(layout=w.Layout(width="100%"))
+        arrange_options(cell)
+        return cell.options_box
     if kind == "multi":
         cell.checkboxes = {
-            c.key: w.Checkbox(
-                value=False,
-                description=f"({c.key})",
-                indent=False,
-                layout=w.Layout(width="auto"),
-            )
+            c.key: w.Checkbox(value=False, indent=False, layout=w.Layout(width="auto"))
             for c in cell.item.choices
         }
         cell._inputs = list(cell.checkboxes.values())
-        cell.option_rows = [option_row(cell.checkboxes[c.key], c.text) for c in cell.item.choices]
-        return w.VBox(cell.option_rows, layout=w.Layout(width="100%"))
+        cell.options_box = w.VBox(layout=w.Layout(width="100%"))
+        arrange_options(cell)
+        return cell.options_box
     if kind == "numeric":
         hint = (
             f"a number in {cell.item.unit}, then Enter"
@@ -65,7 +62,7 @@ def build_input(cell) -> w.Widget:
         cell._inputs = [cell.number]
         return w.HBox([cell.number, w.Label(cell.item.unit)])
     if kind == "ordering":
-        cell.order = [s.key for s in cell.item.steps]
+        cell.order = list(cell.option_order.keys)
         cell.order_box = w.VBox(layout=w.Layout(width="100%"))
         render_order(cell)
         return cell.order_box
@@ -103,6 +100,21 @@ def build_input(cell) -> w.Widget:
         f"Solve this in the lab's exercise cell, then run "
         f'`check_exercise("{cell.item.exercise}", your_function, cluster)`.'
     )
+
+
+def arrange_options(cell) -> None:
+    """Lay out a choice/multi cell's option rows in ``cell.option_order``, labelled by position."""
+    text = {c.key: c.text for c in cell.item.choices}
+    controls = cell.choice_buttons if cell.item.kind == "choice" else cell.checkboxes
+    for key, control in controls.items():
+        label = f"({cell.option_order.label(key)})"
+        if isinstance(control, w.RadioButtons):
+            control.options = [(label, key)]
+            control.value = None
+        else:
+            control.description = label
+    cell.option_rows = [option_row(controls[k], text[k]) for k in cell.option_order.keys]
+    cell.options_box.children = cell.option_rows
 
 
 def render_order(cell) -> None:

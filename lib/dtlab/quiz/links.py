@@ -1,8 +1,8 @@
-"""Check that every quiz item's ``link`` lands somewhere real: a lab section or a library symbol.
+"""Check that every quiz item's ``link`` lands on a real lab section, and its ``see`` on a real symbol.
 
-Two kinds of link (see ``quizzes/README.md``):
+Two kinds of pointer (see ``quizzes/README.md``):
 
-``lab:NN#anchor``
+``link: lab:NN#anchor`` — where the idea is *taught*; the hint after a miss sends the learner there.
     Lab ``NN``'s source ``solutions/NN_*.py`` must exist (exactly one file), and one of its
     **markdown** cells must define ``anchor``, either
 
@@ -13,8 +13,12 @@ Two kinds of link (see ``quizzes/README.md``):
     * as an explicit ``<a id="anchor"></a>`` (or ``name="anchor"``) placed in the markdown, for a
       stable anchor that survives rewording the heading.
 
-``dtlab.module:attribute``
-    The module imports and the attribute path (dots allowed) exists.
+``see: dtlab.module:attribute`` — optional: the library function that computes the idea, the
+    hint's second pointer. The module imports and the attribute path (dots allowed) exists.
+
+A library symbol in ``link`` is refused (issue 28): a function is no lesson, so the hint must reach
+the lab section first; the message says to move the symbol to ``see``. Loading refuses it already
+(:mod:`dtlab.quiz.parse`); :class:`LinkResolver` says the same for an item built without loading.
 
 :func:`link_problems` checks a whole bank and returns one message per broken link, naming the
 file, the item and, for a missing anchor, the anchors the lab does have (closest first), so a
@@ -109,12 +113,15 @@ class LinkResolver:
         return self._anchors[lab]
 
     def problem(self, link: str) -> str | None:
-        """Why ``link`` does not resolve, or None when it does."""
+        """Why ``link`` does not land on a lab section, or None when it does."""
         if link.startswith("lab:"):
             return self._lab_link_problem(link)
         if link.startswith("dtlab"):
-            return _symbol_problem(link)
-        return f"link {link!r} is neither 'lab:NN#anchor' nor 'dtlab.module:attribute'"
+            return (
+                f"link {link!r} is a library symbol; 'link' must name the lab section that teaches "
+                f"the idea ('lab:NN#anchor'): move the symbol to 'see: {link}'"
+            )
+        return f"link {link!r} is not of the form 'lab:NN#anchor'"
 
     def _lab_link_problem(self, link: str) -> str | None:
         parsed = _LAB_LINK.match(link)
@@ -141,25 +148,27 @@ class LinkResolver:
         )
 
 
-def _symbol_problem(link: str) -> str | None:
-    module_name, _, attribute = link.partition(":")
+def symbol_problem(symbol: str, field: str = "see") -> str | None:
+    """Why ``dtlab.module:attr`` does not import, or None when it does."""
+    module_name, _, attribute = symbol.partition(":")
     try:
         target = importlib.import_module(module_name)
         for part in filter(None, attribute.split(".")):
             target = getattr(target, part)
     except (ImportError, AttributeError) as error:
-        return f"link {link!r} does not resolve ({error})"
+        return f"{field} {symbol!r} does not resolve ({error})"
     return None
 
 
 def link_problems(bank: Bank, solutions_dir: str | Path | None = None) -> list[str]:
-    """One message per item whose link does not resolve, naming its file and id; [] when all do."""
+    """One message per item whose link is not a real lab section or whose ``see`` does not import,
+    naming its file and id; [] when all land."""
     resolver = LinkResolver(Path(solutions_dir) if solutions_dir else default_solutions_dir())
     problems = []
     for item in bank.values():
-        problem = resolver.problem(item.link)
-        if problem:
-            problems.append(f"{item.file}: item {item.id!r}: {problem}")
+        for problem in (resolver.problem(item.link), item.see and symbol_problem(item.see)):
+            if problem:
+                problems.append(f"{item.file}: item {item.id!r}: {problem}")
     return problems
 
 

@@ -26,12 +26,13 @@ KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 CALL_PATTERN = re.compile(r"^dtlab(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 LAB_LINK_PATTERN = re.compile(r"^lab:\d\d(#[a-z0-9-]+)?$")
 SYMBOL_LINK_PATTERN = re.compile(r"^dtlab(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
+SEE_PATTERN = re.compile(r"^dtlab(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 COMMON_REQUIRED = ("id", "kind", "prompt", "explanation", "difficulty", "source", "link")
-COMMON_OPTIONAL = ("topic",)
+COMMON_OPTIONAL = ("topic", "see")
 FIELDS_BY_KIND = {
-    "choice": ("choices",),
-    "multi": ("choices",),
+    "choice": ("choices", "shuffle"),
+    "multi": ("choices", "shuffle"),
     "numeric": ("key", "unit", "tolerance"),
     "ordering": ("steps", "answer"),
     "short": ("answer", "rubric"),
@@ -119,13 +120,21 @@ def parse_item(
     ):
         bad("'source' must be a non-empty list of tags such as 'seed:000#Q5'")
     link = raw.get("link")
-    if "link" in raw and not (
-        isinstance(link, str) and (LAB_LINK_PATTERN.match(link) or SYMBOL_LINK_PATTERN.match(link))
-    ):
+    if "link" in raw and isinstance(link, str) and SYMBOL_LINK_PATTERN.match(link):
         bad(
-            f"link {link!r} must name a lab section ('lab:03#zero-stages') or a library symbol "
-            "('dtlab.memory.formulas:model_state_bytes')"
+            f"link {link!r} is a library symbol; 'link' names the lab section that teaches the "
+            f"idea ('lab:03#zero-stages'): move the symbol to 'see: {link}'"
         )
+    elif "link" in raw and not (isinstance(link, str) and LAB_LINK_PATTERN.match(link)):
+        bad(f"link {link!r} must name a lab section, e.g. 'lab:03#zero-stages'")
+    see = raw.get("see", "")
+    if not (isinstance(see, str) and (see == "" or SEE_PATTERN.match(see))):
+        bad(
+            f"see {see!r} must name a library symbol, e.g. 'dtlab.memory.formulas:model_state_bytes'"
+        )
+    shuffle = raw.get("shuffle", True)
+    if not isinstance(shuffle, bool):
+        bad(f"shuffle {shuffle!r} must be true or false (false keeps the options in written order)")
 
     extra: dict[str, Any] = {}
     if kind in ("choice", "multi") and "choices" in raw:
@@ -154,6 +163,8 @@ def parse_item(
         source=tuple(source),
         link=link,
         file=file_label,
+        see=see,
+        shuffle=shuffle,
         **extra,
     )
 

@@ -1,7 +1,11 @@
 """Every attempt, one JSON line each, in an append-only progress file (default ``~/.dtlab/progress.jsonl``).
 
 A line holds ``ts`` (UTC, ISO 8601), ``learner``, ``item``, ``topic``, ``correct``, ``score`` and
-``bank_version`` (plus ``kind``: the item's kind, or ``"exercise"``). The learner is a
+``bank_version`` (plus ``kind``: the item's kind, or ``"exercise"``). An attempt at a ``choice`` or
+``multi`` item also records ``chosen``, the option keys picked, and ``shown``, the option keys in
+the order they were displayed (:mod:`dtlab.quiz.shuffle`): keys, the options' identity, never
+displayed positions, so a record means the same whatever order the learner saw. Both are optional;
+files written before them read as before. The learner is a
 pseudonym, never a name: a random id created once in ``~/.dtlab/learner_id``, or, when a name is
 given (a workshop seat), ``"s-"`` + an HMAC-SHA-256 prefix of the name keyed with this install's
 secret salt (``~/.dtlab/salt``, random, created once, readable only by you). Without the salt a
@@ -25,6 +29,7 @@ import json
 import os
 import secrets
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,8 +120,14 @@ def record_attempt(
     kind: str,
     learner: str | None = None,
     path: str | Path | None = None,
+    chosen: Sequence[str] | None = None,
+    shown: Sequence[str] | None = None,
 ) -> dict:
-    """Build and append one attempt record; ``learner`` is a name (salted hash) or None (machine id)."""
+    """Build and append one attempt record; ``learner`` is a name (salted hash) or None (machine id).
+
+    ``chosen`` / ``shown``: option keys picked and displayed, for choice/multi items (module
+    docstring); left out of the record when None.
+    """
     record = {
         "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "learner": learner_id(learner),
@@ -127,8 +138,28 @@ def record_attempt(
         "score": round(float(score), 4),
         "bank_version": bank_version,
     }
+    if chosen is not None:
+        record["chosen"] = list(chosen)
+    if shown is not None:
+        record["shown"] = list(shown)
     append_record(record, path)
     return record
+
+
+def option_fields(item, response: object, order=None) -> dict:
+    """``{"chosen": [...], "shown": [...]}`` for a choice/multi attempt, ``{}`` for other kinds.
+
+    ``response`` is graded input in option keys (``"b"``, ``["a", "c"]`` or ``"a c"``), matched to
+    the item's keys case-insensitively; ``order`` the :class:`~dtlab.quiz.shuffle.OptionOrder`
+    shown (None: written order).
+    """
+    if item.kind not in ("choice", "multi"):
+        return {}
+    typed = response.replace(",", " ").split() if isinstance(response, str) else list(response)
+    keys = {c.key.lower(): c.key for c in item.choices}
+    chosen = [keys.get(str(k).strip().lower(), str(k)) for k in typed]
+    shown = list(order.keys) if order is not None and order.keys else list(keys.values())
+    return {"chosen": chosen, "shown": shown}
 
 
 @dataclass

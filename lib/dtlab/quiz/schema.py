@@ -107,6 +107,11 @@ class Item:
     source: tuple[str, ...]
     link: str
     file: str = ""
+    # a library symbol (``dtlab.module:attr``) that computes or implements the idea: the hint's
+    # second pointer after the lab section in ``link``
+    see: str = ""
+    # choice / multi: False keeps the authored option order ("All of the above", a scale)
+    shuffle: bool = True
     # choice / multi
     choices: tuple[Choice, ...] = ()
     # numeric

@@ -22,9 +22,10 @@ from dtlab.quiz.bank import Bank, cached_bank, load_bank
 from dtlab.quiz.cell_style import AMBER, GREEN, QUIZ_CSS, RED, feedback_html, text_box
 from dtlab.quiz.feedback import answer_markdown, hint_markdown, link_markdown, markdown_to_html
 from dtlab.quiz.grading import grade
-from dtlab.quiz.inputs import build_input, render_order
-from dtlab.quiz.progress import record_attempt
+from dtlab.quiz.inputs import arrange_options, build_input, render_order
+from dtlab.quiz.progress import option_fields, record_attempt
 from dtlab.quiz.schema import AnswerError, Grade, Item
+from dtlab.quiz.shuffle import option_order, shuffle_learner
 
 
 class QuizCell:
@@ -33,6 +34,11 @@ class QuizCell:
     A first miss shows a hint (the idea to revisit, linked to its lab section); the answer comes
     after a second miss, a right answer, or the *Show answer* button. Enter in a number box
     checks it.
+
+    Options (and ordering steps) are shown in ``option_order`` — shuffled for this learner and
+    ``round`` (:mod:`dtlab.quiz.shuffle`). ``round`` counts *Retry* presses from 0, so the same
+    learner re-running the notebook sees the same order, and each retry a new one. Responses,
+    grading and records use option keys, never displayed positions.
     """
 
     def __init__(
@@ -55,6 +61,9 @@ class QuizCell:
         self.feedback_markdown = ""
         self._last_response: object = None
         self._locked = False
+        self.round = 0
+        self.shuffle_learner = shuffle_learner(learner)
+        self.option_order = option_order(item, self.shuffle_learner, self.round)
         self.check_button = w.Button(description="Check", button_style="primary")
         self.show_answer_button = w.Button(
             description="Show answer", layout=w.Layout(display="none")
@@ -99,8 +108,12 @@ class QuizCell:
             self._on_check()
 
     def select(self, key: str) -> None:
-        """Choose option ``key`` of a choice item (what clicking its radio button does)."""
+        """Choose option ``key`` (its key, not its label) of a choice item, as clicking does."""
         self.choice_buttons[key].value = key
+
+    def select_label(self, label: str) -> None:
+        """Choose the option shown as ``(label)``, as clicking the radio button beside it does."""
+        self.select(self.option_order.key_of(label))
 
     def _render_order(self) -> None:
         render_order(self)
@@ -169,13 +182,14 @@ class QuizCell:
         self._last_response = response
         if result.correct or self.item.kind in ("short", "code"):
             self._show(
-                answer_markdown(self.item, response, result), GREEN if result.correct else AMBER
+                answer_markdown(self.item, response, result, self.option_order),
+                GREEN if result.correct else AMBER,
             )
             self._lock(True)
         else:
             self.misses += 1
             if self.misses >= 2:
-                self._show(answer_markdown(self.item, response, result), RED)
+                self._show(answer_markdown(self.item, response, result, self.option_order), RED)
                 self._lock(True)
             else:
                 self._show(hint_markdown(self.item, response, result), AMBER)
@@ -191,6 +205,7 @@ class QuizCell:
                     bank_version=self.bank_version,
                     learner=self.learner,
                     path=self.progress_path,
+                    **option_fields(self.item, response, self.option_order),
                 )
             except OSError as error:
                 warnings.warn(f"could not record progress: {error}", stacklevel=2)
@@ -212,11 +227,14 @@ class QuizCell:
     def show_answer(self) -> None:
         """Reveal the answer (and why) without another attempt."""
         last = self.attempts[-1] if self.attempts else None
-        self._show(answer_markdown(self.item, self._last_response, last), RED if last else AMBER)
+        self._show(
+            answer_markdown(self.item, self._last_response, last, self.option_order),
+            RED if last else AMBER,
+        )
         self._lock(True)
 
     def retry(self) -> None:
-        """Clear the feedback and the inputs for another attempt."""
+        """Clear the feedback and the inputs for another attempt, with the options reshuffled."""
         self.feedback.value = ""
         self.feedback_markdown = ""
         self.misses = 0
@@ -227,8 +245,12 @@ class QuizCell:
                 widget.value = None
             else:
                 widget.value = type(widget.value)()
+        self.round += 1
+        self.option_order = option_order(self.item, self.shuffle_learner, self.round)
+        if self.item.kind in ("choice", "multi"):
+            arrange_options(self)
         if self.item.kind == "ordering":
-            self.order = [s.key for s in self.item.steps]
+            self.order = list(self.option_order.keys)
             self._render_order()
 
     def _repr_mimebundle_(self, **kwargs):

@@ -9,7 +9,9 @@ in the expert's order (:func:`dtlab.plan.first_plan_that_fits`):
   bars against the GPU's usable memory;
 * bytes each GPU sends per step along dp, tp, pp, cp and ep, the bubble, the step time and MFU
   (:func:`dtlab.plan.step_time.step_time`, on a rail-optimised fabric or one NIC per node);
-* how many layouts each reason rules out, in the planner's words.
+* how many layouts each reason rules out, with one real example of it in the planner's words.
+
+The ranked layouts are an HTML table; the title says the GPUs as edited.
 
 Every number is the planner's model, not a measurement (lab 11 checks the model's terms against
 the cluster). Headless: ``p = PlannerWidget(); p.gpus.value = 4096; p.rows`` (the layouts shown)
@@ -19,11 +21,13 @@ and ``p.figure``.
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from collections import Counter
 
 import ipywidgets as w
 import plotly.graph_objects as go
+from IPython.display import HTML, display
 
 from dtlab.cost import gpu
 from dtlab.plan import plan_problems
@@ -36,6 +40,7 @@ from dtlab.viz.chart import describe
 from dtlab.viz.theme import DTLAB_TEMPLATE
 
 GB = 1e9
+_FABRICS = {"one NIC per GPU": None, "one NIC per node": 1}  # label -> NICs per node for step_time
 _BARS = (
     ("parameters", "parameters"),
     ("gradients", "gradients"),
@@ -51,16 +56,25 @@ def _presets() -> dict[str, Requirements]:
     return jobs
 
 
-def rank_layouts(job: Requirements, limit: int = 5, nics_per_node: int | None = None):
+def rank_layouts(
+    job: Requirements,
+    limit: int = 5,
+    nics_per_node: int | None = None,
+    examples: dict[str, str] | None = None,
+):
     """``(rows, rejected)``: the ``limit`` fastest plans that pass every check plus the first
     that fits (each row ``(label, plan, memory, step)``), and how many candidates each first
-    reason ruled out."""
+    reason ruled out (reasons with their numbers replaced by ``N``, so one reason counts once).
+    ``examples``, when given, receives each reason's first real problem, numbers included."""
     rejected: Counter[str] = Counter()
     timed = []
     for plan in candidate_plans(job):
         problems = plan_problems(job, plan)
         if problems:
-            rejected[_reason(problems[0])] += 1
+            reason = _reason(problems[0])
+            rejected[reason] += 1
+            if examples is not None:
+                examples.setdefault(reason, problems[0])
             continue
         timed.append((plan, step_time(job, plan, nics_per_node=nics_per_node)))
     timed.sort(key=lambda pair: pair[1].step_s)
@@ -106,11 +120,44 @@ def memory_figure(job: Requirements, rows) -> go.Figure:
     )
     return describe(
         fig,
-        title=f"{job.name}: memory per GPU of the ranked layouts (planner)",
+        title=f"{job_title(job)}: memory per GPU of the ranked layouts (planner)",
         x="memory per GPU (GB)",
         y="layout (rank: plan)",
         caption="Each bar must end left of the dashed line; activations usually decide.",
     )
+
+
+def job_title(job: Requirements) -> str:
+    """``70B on 4,096 H100 SXM``: the preset's model with the GPUs as they are now (a preset's
+    own name keeps the GPU count it was written with)."""
+    model = job.name.split(" on ", 1)[0]
+    return f"{model} on {job.n_gpus:,} {gpu(job.gpu).name}"
+
+
+_COLUMNS = ("rank", "layout", "memory / GPU", "step", "MFU", "bubble", "exposed comm")
+
+
+def rows_html(rows) -> str:
+    """The ranked layouts as an HTML table (cells never wrap inside a word)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
+    body = []
+    for label, plan, memory, t in rows:
+        exposed = t.tp_s + t.pp_s + t.cp_exposed_s + t.ep_s + t.dp_exposed_s
+        cells = (
+            label,
+            plan.describe(),
+            f"{memory.total / GB:.1f} GB",
+            f"{t.step_s:.2f} s",
+            f"{t.mfu:.1%}",
+            f"{t.bubble:.1%}",
+            f"{exposed:.2f} s",
+        )
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    style = (
+        "<style>.dtlab-plans td,.dtlab-plans th{white-space:nowrap;padding:2px 8px;"
+        "text-align:left}</style>"
+    )
+    return f'{style}<table class="dtlab-plans"><tr>{head}</tr>{"".join(body)}</table>'
 
 
 def describe_row(label: str, plan, memory, t) -> str:
@@ -132,8 +179,9 @@ class PlannerWidget:
         self.gpus = w.IntText(description="GPUs", value=presets[self.model.value].n_gpus)
         self.batch = w.IntText(description="tokens/step")
         self.seq = w.IntText(description="sequence")
+        # string values: a Dropdown whose value is None shows as blank
         self.fabric = w.Dropdown(
-            options=[("one NIC per GPU", None), ("one NIC per node", 1)], description="fabric"
+            options=list(_FABRICS), value="one NIC per GPU", description="fabric"
         )
         self.output = w.Output()
         self._load_preset()
@@ -174,17 +222,25 @@ class PlannerWidget:
         if getattr(self, "_loading", False):
             return
         job = self.job
-        self.rows, self.rejected = rank_layouts(job, self.limit, self.fabric.value)
+        self.examples: dict[str, str] = {}
+        self.rows, self.rejected = rank_layouts(
+            job, self.limit, _FABRICS[self.fabric.value], self.examples
+        )
         self.figure = memory_figure(job, self.rows) if self.rows else None
+        self.table_html = rows_html(self.rows) if self.rows else ""
+        self.reasons = [
+            f"ruled out ×{count}, e.g.: {self.examples[reason]}"
+            for reason, count in self.rejected.most_common(4)
+        ]
         self.output.clear_output(wait=True)
         with self.output:
-            print(
-                f"{job.name}: {len(self.rows)} layouts shown, {sum(self.rejected.values())} ruled out"
-            )
-            for row in self.rows:
-                print(describe_row(*row))
-            for reason, count in self.rejected.most_common(4):
-                print(f"  ruled out ×{count}: {reason}")
+            lines = [
+                f"<b>{html.escape(job_title(job))}</b>: {len(self.rows)} layouts shown, "
+                f"{sum(self.rejected.values())} ruled out",
+                self.table_html,
+                *(f"<div>{html.escape(reason)}</div>" for reason in self.reasons),
+            ]
+            display(HTML("".join(lines)))
             if self.figure is not None:
                 self.figure.show()
 

@@ -38,6 +38,12 @@ GROUP_COLORS = {  # communication coloured by mesh dimension (timeline(color_by=
     "world": "#393B79",  # indigo: communication outside any mesh group
 }
 
+HIGHLIGHT_COLORS = (  # timeline(highlight=...): spans picked out by name, unlike any kind or group
+    "#D81B60",  # magenta
+    "#1E1E8C",  # navy
+    "#00A087",  # green-teal
+)
+
 MEMORY_CATEGORIES = (
     "parameters",
     "gradients",

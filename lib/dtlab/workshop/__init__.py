@@ -6,7 +6,10 @@
 * :mod:`dtlab.workshop.build` — write ``solutions/NN_name.ipynb`` and ``labs/NN_name.ipynb``
   (``dtlab workshop build [--check]``);
 * :mod:`dtlab.workshop.exercises` — the graded exercises of a lab, for the tests that prove
-  every solution passes its grader and every student stub fails it.
+  every solution passes its grader and every student stub fails it;
+* :mod:`dtlab.workshop.stubs` — what an unwritten exercise does in the student notebook: raise
+  :class:`ExerciseNotWritten` when graded, let later cells use the library's answer;
+* :mod:`dtlab.workshop.references` — library answers reshaped to an exercise's return type.
 """
 
 from dtlab.workshop.build import build, find_repo_root, render_notebook, stale_notebooks

@@ -6,10 +6,12 @@ For each ``solutions/NN_name.py`` (percent format, see :mod:`dtlab.workshop.sour
 * ``labs/NN_name.ipynb`` — the student edition: every block between ``# BEGIN SOLUTION`` and
   ``# END SOLUTION`` (markers included) becomes one line at the block's indentation::
 
-      raise NotImplementedError("Exercise: ring_all_reduce — replace this line with your code")
+      raise ExerciseNotWritten("ring_all_reduce")  # replace this line with your code
 
-  (the blocks and their stubs: :mod:`dtlab.workshop.solution_blocks`). Every exercise cell is
-  checked against the authoring rules of :mod:`dtlab.workshop.exercises` first.
+  and a function later cells use falls back to the library until it is written (the blocks,
+  stubs and fallbacks: :mod:`dtlab.workshop.solution_blocks`, :mod:`dtlab.workshop.stubs`).
+  Every exercise cell is checked against the authoring rules of
+  :mod:`dtlab.workshop.exercises` first, so the student notebook runs top to bottom.
 
 Output is deterministic — nbformat 4.5, cell ids ``<lab>-<cell index>`` (a section's markdown cell: its anchor, :func:`section_cell_id`), no outputs,
 ``execution_count`` null, the ``python3`` kernel, JSON written the way Jupyter writes it — so
@@ -25,7 +27,7 @@ import re
 from pathlib import Path
 
 from dtlab.files import write_atomic
-from dtlab.workshop.exercises import list_exercises
+from dtlab.workshop.exercises import check_fallbacks, list_exercises
 from dtlab.workshop.solution_blocks import student_source
 from dtlab.workshop.source import Cell, LabSource, explicit_anchors, read_lab_source
 
@@ -100,6 +102,7 @@ def planned_notebooks(root: Path) -> dict[Path, str]:
     for path in lab_sources(root):
         lab = read_lab_source(path)
         list_exercises(lab)  # an exercise cell that breaks the authoring rule is a build error
+        check_fallbacks(lab)  # a later cell that would stop Run All on a stub, too
         planned[root / "solutions" / f"{lab.name}.ipynb"] = render_notebook(lab, "solution")
         planned[root / "labs" / f"{lab.name}.ipynb"] = render_notebook(lab, "student")
     return planned

@@ -18,6 +18,11 @@ Rules for lab authors (the build enforces the second one):
    an exercise needs live in the library, in the setup cell, or in the exercise cell itself.
 3. The grading call names the exercise function directly (``check_exercise("id", fn, cluster)``)
    and comes after the exercise cell.
+4. **A function that later cells use declares a fallback** on its marker
+   (``# BEGIN SOLUTION fallback=package.module:function``, see :mod:`dtlab.workshop.stubs`), so
+   the student notebook runs top to bottom before the learner writes it. A grading call is not
+   a use: ``check_exercise`` reports an unwritten stub as "Not yet" and never raises. The build
+   enforces this rule too (:func:`check_fallbacks`).
 """
 
 from __future__ import annotations
@@ -120,6 +125,44 @@ def _grading_calls(cell: Cell, lab: LabSource) -> list[tuple[str, str, int]]:
 def _defined_names(cell: Cell, lab: LabSource) -> set[str]:
     nodes = _parse(cell, lab).body
     return {n.name for n in nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _uses(cell: Cell, lab: LabSource, names: set[str]) -> dict[str, int]:
+    """``name → source line`` of each of ``names`` the cell reads, grading calls left out."""
+    tree = _parse(cell, lab)
+    graded = {
+        id(node.args[1])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and len(node.args) >= 2
+        and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "check_exercise"
+    }
+    used: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in names and id(node) not in graded:
+            used.setdefault(node.id, cell.line + node.lineno - 1)
+    return used
+
+
+def check_fallbacks(lab: LabSource) -> None:
+    """Raise :class:`LabSourceError` when a later cell uses an exercise function that has no
+    fallback: in the student notebook that cell would raise and stop Run All."""
+    code_cells = [(i, c) for i, c in enumerate(lab.cells) if c.cell_type == "code"]
+    for position, (index, cell) in enumerate(code_cells):
+        blocks = find_solution_blocks(cell, lab.path, index)
+        bare = {
+            b.exercise_name for b in blocks if b.fallback is None and "." not in b.exercise_name
+        }
+        bare &= _defined_names(cell, lab)
+        if not bare:
+            continue
+        for _, later in code_cells[position + 1 :]:
+            for name, line in _uses(later, lab, bare).items():
+                raise LabSourceError(
+                    f"{lab.path}:{line}: this cell calls {name}(), which the student notebook "
+                    f"leaves unwritten, so Run All would stop here; declare what stands in for it "
+                    f"on its marker: '# BEGIN SOLUTION fallback=package.module:function'"
+                )
 
 
 def list_exercises(lab: LabSource) -> list[Exercise]:
