@@ -5,41 +5,24 @@ Whether a layout fits the model is asked from outside, of the config."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import dtlab.models
 from dtlab.models import GPTConfig
+from import_reader import imported_names, is_under
 
 MODELS = Path(__file__).resolve().parents[1] / "lib" / "dtlab" / "models"
 PARALLELISM = ("dtlab.parallel", "dtlab.mesh", "dtlab.plan")
 
 
-def imported_names(source: str) -> set[str]:
-    """Every module a source imports, anywhere in it (functions included), as dotted names:
-    ``from a import b`` gives both ``a`` and ``a.b``; relative imports are resolved."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = ["dtlab", "models"][: 3 - node.level]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    return names
-
-
 def _about_parallelism(name: str) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in PARALLELISM)
+    return is_under(name, PARALLELISM)
 
 
 def test_the_reader_finds_imports_hidden_inside_functions():
     source = "def f():\n    from dtlab.mesh.layout_rules import validate_layout\n"
     source += "def g():\n    from dtlab import plan\n"
-    found = {n for n in imported_names(source) if _about_parallelism(n)}
+    found = {n for n in imported_names(source, "dtlab.models") if _about_parallelism(n)}
     assert {"dtlab.mesh.layout_rules", "dtlab.plan"} <= found
 
 
@@ -47,7 +30,9 @@ def test_no_model_module_imports_anything_about_parallelism():
     offenders = {}
     for path in sorted(MODELS.rglob("*.py")):
         bad = sorted(
-            n for n in imported_names(path.read_text(encoding="utf-8")) if _about_parallelism(n)
+            n
+            for n in imported_names(path.read_text(encoding="utf-8"), "dtlab.models")
+            if _about_parallelism(n)
         )
         if bad:
             offenders[path.name] = bad

@@ -15,37 +15,17 @@ benchmarks (:mod:`dtlab.bench.planner_vs_cluster`) and tests. Two checks hold it
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from import_reader import imported_names, is_under
+
 LIB = Path(__file__).resolve().parents[1] / "lib"
 PLAN = LIB / "dtlab" / "plan"
 EXECUTORS = ("dtlab.parallel", "dtlab.runtime", "dtlab.collectives", "dtlab.comm")
 FORBIDDEN = (*EXECUTORS, "torch.distributed")
-
-
-def imported_names(source: str, package: str) -> set[str]:
-    """Every module a source imports, anywhere in it (functions included), as dotted names:
-    ``from a import b`` gives both ``a`` and ``a.b``; relative imports are resolved."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
-    return names
-
-
-def _is_under(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 def test_the_reader_finds_imports_hidden_inside_functions():
@@ -55,7 +35,7 @@ def test_the_reader_finds_imports_hidden_inside_functions():
         "def h():\n    from ..comm import Communicator\n"
         "import torch.distributed as dist\n"
     )
-    found = {n for n in imported_names(source, "dtlab.plan") if _is_under(n, FORBIDDEN)}
+    found = {n for n in imported_names(source, "dtlab.plan") if is_under(n, FORBIDDEN)}
     assert {"dtlab.parallel.compose", "dtlab.runtime", "dtlab.comm", "torch.distributed"} <= found
 
 
@@ -63,7 +43,7 @@ def test_no_plan_module_imports_an_executor_even_inside_a_function():
     offenders = {}
     for path in sorted(PLAN.rglob("*.py")):
         names = imported_names(path.read_text(encoding="utf-8"), "dtlab.plan")
-        bad = sorted(n for n in names if _is_under(n, FORBIDDEN))
+        bad = sorted(n for n in names if is_under(n, FORBIDDEN))
         if bad:
             offenders[str(path.relative_to(LIB))] = bad
     assert not offenders, f"the planner imports an executor: {offenders}"
@@ -89,8 +69,8 @@ def test_importing_the_planner_loads_no_executor():
     )
     modules = json.loads(out.stdout.splitlines()[-1])
     assert "dtlab.plan.worked" in modules["added"]  # every planner module was imported
-    added = [m for m in modules["added"] if _is_under(m, EXECUTORS)]
+    added = [m for m in modules["added"] if is_under(m, EXECUTORS)]
     assert not added, f"importing dtlab.plan loaded {added}"
     never = ("dtlab.parallel", "dtlab.collectives", "dtlab.comm")
-    loaded = [m for m in modules["all"] if _is_under(m, never)]
+    loaded = [m for m in modules["all"] if is_under(m, never)]
     assert not loaded, f"importing dtlab and dtlab.plan loaded {loaded}"
