@@ -716,8 +716,16 @@ for t in (1, 2, 4, 8):
 # %% [markdown]
 # ## 10. What the all-reduces cost: NVLink against InfiniBand <a id="tp-cost"></a>
 #
-# Every one of those collectives sits on the critical path: the next matmul needs its result. At
-# real sizes — a 70B-class layer, `h` = 8,192, one 4,096-token sequence, bf16 — each all-reduce
+# Not every one of those collectives sits on the critical path. Forward's two (g after attention
+# and after the MLP; with SP the all-gather before each block and the reduce-scatter after) feed
+# the next matmul, so they are exposed unless async TP (collective matmul) splits the GEMM into
+# chunks that compute while others communicate. Backward's input-gradient all-reduce (f's; with
+# SP a reduce-scatter) is not needed by the same layer's weight-gradient GEMM: Megatron-LM
+# launches it asynchronously and computes wgrad meanwhile (with `CUDA_DEVICE_MAX_CONNECTIONS=1`,
+# so the collective is queued first), and under SP the re-all-gather of the saved input overlaps
+# the dgrad GEMM. Without SP that hides up to half of a layer's TP bytes, bounded by how long the
+# wgrad GEMM lasts (under SP the output-gradient all-gather before the row-parallel layer stays
+# exposed too). At real sizes — a 70B-class layer, `h` = 8,192, one 4,096-token sequence, bf16 — each all-reduce
 # carries `s·b·h·2` = 67 MB, four per layer per micro-batch. The alpha-beta model
 # (`dtlab.cost.collective_time`, ring) prices them on an H100 node's NVLink (450 GB/s per direction)
 # and on one InfiniBand NDR link per GPU (50 GB/s), next to the layer's own compute on `t` GPUs at
@@ -727,9 +735,10 @@ for t in (1, 2, 4, 8):
 # 22% at `t` = 8). On InfiniBand it is already a quarter of the compute at `t` = 2 (26%), three
 # quarters at `t` = 4 (78%), and overtakes it at `t` = 8 (186%, almost twice the compute). The
 # share grows with `t`: compute shrinks as `1/t`, while the bytes each rank sends per all-reduce
-# grow towards twice the tensor (`2(t-1)/t` of it). And TP's all-reduces block: every percent is
-# added to the step, not hidden. That is why TP stays inside the NVLink domain — 8 GPUs on an
-# H100 node.
+# grow towards twice the tensor (`2(t-1)/t` of it). And forward's half blocks: it is added to the
+# step, not hidden, while backward's half hides only as far as the weight-gradient GEMM (about a
+# third of the compute) lasts — on InfiniBand at `t` = 8 it does not. That is why TP stays inside
+# the NVLink domain — 8 GPUs on an H100 node.
 
 # %%
 SEQ, HIDDEN, BF16, MFU = 4096, 8192, 2, 0.5

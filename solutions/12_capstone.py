@@ -277,8 +277,10 @@ ask("system_design.dialogue_70b")
 #
 # An expert's order of preference, with the reason for each:
 #
-# 1. **TP within a node** (≤ 8): its all-reduces sit on the critical path of every layer, so
-#    they need NVLink; the smallest TP that fits is best (small matmuls lose efficiency).
+# 1. **TP within a node** (≤ 8): its forward collectives sit on the critical path of every layer
+#    (only async TP hides them), and backward's input-gradient all-reduce hides only behind that
+#    layer's weight-gradient GEMM, so they need NVLink; the smallest TP that fits is best (small
+#    matmuls lose efficiency).
 # 2. **PP across nodes** only if memory still does not fit: its cost is the bubble
 #    `(p-1)/(m+p-1)`, so it needs enough micro-batches (interleaving divides the bubble by `v`).
 # 3. **DP for the rest**, with the lowest ZeRO stage that fits (ZeRO-3 adds a parameter

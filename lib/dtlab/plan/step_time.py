@@ -22,8 +22,24 @@ A plan that fits in memory can still be communication-bound. Per optimizer step 
   DualPipe overlaps them with another micro-batch's compute, which this model does not price);
   at NVLink speed when an EP group (``ep·cp·tp`` consecutive ranks) stays in a node, else every
   byte at the GPU's own NIC (an upper bound: some peers share the node);
-* **tensor parallel**: its all-gathers/reduce-scatters sit between the layer's matmuls, so their
-  time is exposed, at NVLink bandwidth (TP stays inside a node — :func:`plan_problems` checks);
+* **tensor parallel** (TP + SP, at NVLink bandwidth: TP stays inside a node —
+  :func:`plan_problems` checks): charged **whole**, an upper bound on its exposed time. Forward's
+  all-gathers and reduce-scatters sit between a layer's matmuls (the next GEMM needs their
+  result), so they are exposed unless async TP (collective matmul) splits the GEMMs to hide
+  them. Backward is different: the reduce-scatter of a column-parallel linear's input gradient
+  is not needed by that linear's weight-gradient GEMM, so Megatron-LM launches it asynchronously
+  and runs wgrad meanwhile (``LinearWithGradAccumulationAndAsyncCommunication``, with
+  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` so the collective is queued first); its re-all-gather of the
+  saved input overlaps the dgrad GEMM and is not counted here. The all-gather of the output
+  gradient before a row-parallel linear stays exposed (its dgrad needs it). So 2 of the 8
+  counted collectives per layer (a quarter of the bytes; without SP it would be 2 of 4
+  all-reduces, half) can hide, each behind its own wgrad GEMM:
+  :attr:`StepTime.tp_hideable_s` reports ``min(¼·tp, wgrad of the column-parallel linears)``,
+  the latter ``7/12`` of the weight-gradient compute (QKV ``3h²`` and FC1 ``4h²`` of a GPT
+  layer's ``12h²``; an approximation). The step does **not** subtract it: ``tp`` stays an upper
+  bound, ``tp − tp_hideable`` the exposed time under Megatron's backward overlap. It is kept
+  whole because dtlab's own TP issues the backward collective synchronously, and the hidden
+  share rests on GEMM shapes this model approximates; plans are ranked on the bound;
 * **pipeline**: point-to-point activations, exposed, at the NIC's bandwidth (stages span nodes);
   the bubble stretches the compute-and-TP part by ``1/(1 − bubble)``;
 * **data parallel**: the gradient reduce-scatter/all-reduce overlaps the backward pass (⅔ of the
@@ -69,6 +85,9 @@ class StepTime:
     cp_s: float = 0.0
     cp_exposed_s: float = 0.0
     ep_s: float = 0.0
+    tp_hideable_s: float = 0.0
+    """Of ``tp_s``, the backward reduce-scatters that Megatron's async launch hides behind the
+    weight-gradient GEMMs (module docstring); ``tp_s`` charges them anyway (an upper bound)."""
 
     @property
     def communication_bound(self) -> bool:
@@ -93,6 +112,21 @@ def recompute_flops_per_gpu(req: Requirements, plan: ParallelPlan) -> float:
     if plan.recompute == "selective":
         return attention
     return attention + 2 * req.active_params * req.global_batch_tokens / req.n_gpus
+
+
+def tp_backward_hideable_share(plan: ParallelPlan) -> float:
+    """The share of a plan's TP bytes (:func:`traffic_per_gpu`'s ``tp``) that backward can hide
+    without async TP: the 2 input-gradient reduce-scatters of the 8 TP + SP collectives per layer
+    and micro-batch, ``1/4`` — of the un-recomputed bytes, so ``1/6`` under full recomputation,
+    whose rerun forward (the extra half) is exposed like forward's."""
+    return 0.25 / (1.5 if plan.recompute == "full" else 1.0)
+
+
+def column_parallel_wgrad_s(compute_s: float) -> float:
+    """The time of the weight-gradient GEMMs the backward reduce-scatters can hide behind: wgrad
+    is a third of ``compute_s`` (``2·Ψ`` of ``6·Ψ``), of which the column-parallel linears (QKV
+    ``3h²`` and FC1 ``4h²`` of a GPT layer's ``12h²``) take ``7/12`` — an approximation."""
+    return compute_s / 3 * 7 / 12
 
 
 def group_bandwidth_of(
@@ -146,6 +180,7 @@ def step_time(
     recompute = recompute_flops_per_gpu(req, plan) / sustained
     traffic = traffic_per_gpu(req, plan)
     tp = traffic.tp / spec.nvlink.bandwidth_bytes_per_s
+    tp_hideable = min(tp_backward_hideable_share(plan) * tp, column_parallel_wgrad_s(compute))
     pp = traffic.pp / nic.bandwidth_bytes_per_s
     dp = traffic.dp / dp_bus_bandwidth_of(req, plan, nic, nics_per_node)
     dp_exposed = max(0.0, dp - compute * 2 / 3)
@@ -157,7 +192,19 @@ def step_time(
     step = (compute + recompute + tp + pp + cp_exposed + ep) / (1 - bubble) + dp_exposed
     mfu = flops / (spec.bf16_dense_flops * step)
     return StepTime(
-        compute, tp, pp, dp, dp_exposed, bubble, step, mfu, recompute, cp, cp_exposed, ep
+        compute,
+        tp,
+        pp,
+        dp,
+        dp_exposed,
+        bubble,
+        step,
+        mfu,
+        recompute,
+        cp,
+        cp_exposed,
+        ep,
+        tp_hideable_s=tp_hideable,
     )
 
 
