@@ -246,9 +246,13 @@ for rank, (ar, rs, ag) in enumerate(cluster.run(identity_in_bytes)):
 #
 # The benchmark (`dtlab bench collectives` in a terminal) times every all-reduce algorithm and the
 # built-in `dist.all_reduce` side by side, interleaved, and reports nccl-tests' two numbers:
-# **algbw** = size / time and **busbw** = algbw · 2(N-1)/N — the bandwidth each rank's link must
-# carry, comparable with the link's speed. It then fits one `α` and one `β` to all our
-# algorithms at once. Dashed lines are the model's prediction from that single fit.
+# **algbw** = size / time and **busbw** = algbw · 2(N-1)/N — the rate at which each rank's link
+# would carry a *ring* all-reduce's bytes (2(N-1)/N·M per rank), so runs on any N compare with each
+# other and with the link's speed. busbw is a normalisation, not a wire measurement: when the switch
+# adds (NVLS, SHARP), each GPU puts only (1 + 1/N)·M on its link, and busbw over-states that by
+# 2(N-1)/(N+1), 1.56× at N = 8 (`dtlab.cost.nccl_protocols.in_network_busbw`). It then fits one
+# `α` and one `β` to all our algorithms at once. Dashed lines are the model's prediction from that
+# single fit.
 #
 # Look for: every curve climbs on the left (latency-bound) and flattens on the right
 # (bandwidth-bound); our ring tracks the built-in collective at large sizes.

@@ -433,10 +433,14 @@ for p in policies:
 # Checkpoint every `k`-th block and a segment of `k` blocks becomes one region: the forward keeps
 # `L/k` segment inputs (`a` bytes each), and backward re-runs one segment at a time, holding its
 # `k` layers' activations (`b` each): `(L/k)·a + k·b`, minimal at `k* = √(L·a/b)`. The often
-# quoted `√L` assumes `a = b`. A transformer block's `b` is tens of times its input `a`, so the
-# optimum is every block. Each rank measures the peak bytes of one training step (allocator) for
-# each `k`. Look for: the minimum at `k = 1`, and the measured curve a near-constant distance
-# above the formula's (what every `k` holds besides activations: the logits, the loss's buffers).
+# quoted `√L` assumes `a = b`. When the attention scores are stored (this lab's model,
+# Korthikanti's count), a block's `b` is `17 + 2.5·a_heads·s/h` times its input `a`, and the
+# optimum is every block until `L` passes `2·b/a` (`k = 2` needs `(L/2)·a + 2b < L·a + b`).
+# With flash attention (or selective recomputation) the scores are not stored, `b/a ≈ 17`, and
+# every *second* block wins past about 34 layers: an 80-layer model's `k* = √(80/17) ≈ 2.2`.
+# Each rank measures the peak bytes of one training step (allocator) for each `k`. Look for: the
+# minimum at `k = 1`, and the measured curve a near-constant distance above the formula's (what
+# every `k` holds besides activations: the logits, the loss's buffers).
 
 
 # %%
@@ -480,7 +484,7 @@ dtlab.viz.describe(
 
 # %% [markdown]
 # The optimum for real models, from the library: a = `2·s·b·h` (16-bit input), b = Korthikanti's
-# layer. Look for: `k*` below 2 everywhere, where `√L` would say 5 to 11.
+# layer, scores stored. Look for: `k*` below 2 everywhere, where `√L` would say 5 to 11.
 
 # %%
 for name, (layers, s, h, a) in {

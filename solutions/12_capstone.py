@@ -450,13 +450,13 @@ ask("system_design.async_checkpoint_interval")
 # | parallelism | compute | bytes moved | hidden when |
 # |---|---|---|---|
 # | data | backward `4·P·T` | `2(N-1)/N·b·P` per GPU | tokens per replica `T ≥ 2(N-1)/N·b·C/(4B)` |
-# | tensor (MLP) | `4·d·F/t` per token | `2(t-1)/t·b·d` per token | `t ≤ 1 + 2·F·B/(b·C)` |
+# | tensor (MLP, m matrices: 2, or 3 gated) | `2·m·d·F/t` per token | `2(t-1)/t·b·d` per token | `t ≤ 1 + m·F·B/(b·C)` |
 # | context (ring) | `4·q·k·d` per block pair | `2·k·d_kv·b` (next K, V) | `q ≥ b·d_kv·C/(2·d·B)` (×2 causal) |
 # | expert | `2·3·d·F_e` per routed token | `2·d·b·(ep-1)/ep` | `3·F_e ≥ b·(ep-1)/ep·C/B` |
 # | pipeline | `24·L·d²` per token | `b·d` per token | `24·L·d ≥ b·C/B` |
 #
 # Look for: DP needs only a few thousand tokens per replica on rail-optimised nodes; TP
-# hides up to degree ~14 on NVLink for a 28,672-wide FFN but only 2 across nodes; a ring-attention
+# hides up to degree ~20 on NVLink for a gated (SwiGLU) 28,672-wide FFN but only 3 across nodes; a ring-attention
 # block of a few hundred tokens hides on NVLink (GQA shrinks K and V); fine-grained experts
 # (2,048 wide) cannot hide their all-to-all across nodes — the ratio is below 1, which is why
 # DeepSeek-V3 overlaps one micro-batch's all-to-all with another's compute — but can inside a
@@ -471,9 +471,9 @@ print(
 )
 for where, link in (("NVLink", "nvlink4"), ("network", "ib_ndr_400")):
     print(
-        f"{where:>8}: TP max degree (F=28,672) {tp_max_degree(28672, h100, link):>3};  "
+        f"{where:>8}: TP max degree (gated F=28,672) {tp_max_degree(28672, h100, link, matrices=3):>3};  "
         f"CP min block (d=8,192, GQA d_kv=1,024, causal) {cp_min_block_tokens(8192, 1024, h100, link, causal=True):>7,.0f} tokens;  "
-        f"EP compute/comm (F_e=2,048, ep=64, FP8) {ep_compute_to_comm_ratio(2048, 64, h100, link, act_bytes=1):4.2f};  "
+        f"EP compute/comm (F_e=2,048, ep=64, FP8 dispatch, BF16 combine) {ep_compute_to_comm_ratio(2048, 64, h100, link, act_bytes=1, combine_bytes=2):4.2f};  "
         f"PP compute/p2p (10 layers, d=8,192) {pp_compute_to_p2p_ratio(8192, 10, h100, link):7.1f}"
     )
 

@@ -33,9 +33,12 @@ def test_protocols_pay_their_flags():
 
 
 def test_in_network_busbw_exceeds_what_each_gpu_sent():
-    report = in_network_busbw(1e9, 2e-3, 8)
-    busbw, sent = report["busbw"], report["sent_per_gpu"]
-    assert sent == pytest.approx(5e11) and busbw == pytest.approx(5e11 * 1.75)
+    report = in_network_busbw(1e9, 3.6e-3, 8)
+    algbw = 1e9 / 3.6e-3
+    assert report["busbw"] == pytest.approx(algbw * 1.75)
+    # each GPU sends its whole buffer to be summed, then the 1/8 slice it reduced: 9/8 of it
+    assert report["sent_per_gpu"] == pytest.approx(algbw * 9 / 8)
+    assert report["busbw_over_sent"] == pytest.approx(14 / 9)
 
 
 def test_local_sgd_divides_the_ring_bytes_by_the_inner_steps():

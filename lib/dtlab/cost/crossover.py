@@ -13,15 +13,16 @@ dense BF16; real kernels reach 50-70% of both, which roughly cancels in the rati
   all-reduce moves ``2(N-1)/N·b·P`` bytes per GPU (``b`` bytes per gradient element) at the bus
   bandwidth (:func:`dp_bus_bandwidth`): hidden when ``T ≥ 2(N-1)/N·b·C / (4·B)`` —
   :func:`dp_min_tokens_per_gpu`. The parameter count cancels.
-* **Tensor parallel** (Megatron MLP, degree ``t``, FFN width ``F``): each GPU does ``4·d·F/t``
-  FLOPs per token and all-reduces ``b·d`` bytes per token, ``2(t-1)/t`` of it per GPU: hidden
-  when ``t - 1 ≤ 2·F·B / (b·C)`` — :func:`tp_max_degree`.
+* **Tensor parallel** (Megatron MLP, degree ``t``, FFN width ``F``, ``m`` weight matrices: 2, or
+  3 when gated): each GPU does ``2·m·d·F/t`` FLOPs per token and all-reduces ``b·d`` bytes per
+  token, ``2(t-1)/t`` of it per GPU: hidden when ``t - 1 ≤ m·F·B / (b·C)`` —
+  :func:`tp_max_degree`.
 * **Context parallel** (ring attention): a ``q``-token query block against a ``k``-token KV block
   costs ``4·q·k·d`` FLOPs while the next KV block (``2·k·d_kv·b`` bytes) arrives: hidden when
   ``q ≥ b·d_kv·C / (2·d·B)`` (twice that for a causal block, half masked) —
   :func:`cp_min_block_tokens`.
-* **Expert parallel**: a token's hidden vector goes out and back (``2·d·b`` bytes, a fraction
-  ``(ep-1)/ep`` off-GPU) per routed expert, which spends ``2·m·d·F_e`` FLOPs on it (``m`` = 3
+* **Expert parallel**: a token's hidden vector goes out and back (``2·d·b`` bytes, or
+  ``d·(b + b_c)`` with a cheaper dispatch, a fraction ``(ep-1)/ep`` off-GPU) per routed expert, which spends ``2·m·d·F_e`` FLOPs on it (``m`` = 3
   matrices for a gated MLP): :func:`ep_compute_to_comm_ratio`, hidden when ≥ 1.
 * **Pipeline parallel**: a stage of ``L`` layers does ``24·L·d²`` FLOPs per token forward and
   sends ``b·d`` bytes per token to the next stage: :func:`pp_compute_to_p2p_ratio`.
@@ -116,16 +117,24 @@ def dp_min_tokens_for(
 
 
 def tp_max_degree(
-    ffn_dim: int, gpu_spec: str | GPUSpec, bandwidth: str | Link | float, act_bytes: float = 2
+    ffn_dim: int,
+    gpu_spec: str | GPUSpec,
+    bandwidth: str | Link | float,
+    act_bytes: float = 2,
+    matrices: int = 2,
 ) -> int:
     """Largest tensor-parallel degree whose MLP all-reduce hides behind the MLP's matmuls.
 
-    Forward per token per GPU: ``4·d·F/t`` FLOPs against a ring all-reduce of ``b·d`` bytes,
-    ``2(t-1)/t·b·d`` per GPU: ``t ≤ 1 + 2·F·B / (b·C)``. The model width ``d`` cancels.
+    Forward per token per GPU: ``2·m·d·F/t`` FLOPs (``m`` = 2 matrices for a plain MLP, 3 for a
+    gated one: Llama's SwiGLU) against a ring all-reduce of ``b·d`` bytes, ``2(t-1)/t·b·d`` per
+    GPU: ``t ≤ 1 + m·F·B / (b·C)``. The model width ``d`` cancels. The default is the two-matrix
+    MLP of Megatron's paper; pass ``matrices=3`` for a Llama-like model (F = 28,672 on NVLink 4:
+    20 instead of 14).
     """
-    _positive(ffn_dim=ffn_dim, act_bytes=act_bytes)
+    _positive(ffn_dim=ffn_dim, act_bytes=act_bytes, matrices=matrices)
     return max(
-        1, math.floor(1 + 2 * ffn_dim / (act_bytes * critical_intensity(gpu_spec, bandwidth)))
+        1,
+        math.floor(1 + matrices * ffn_dim / (act_bytes * critical_intensity(gpu_spec, bandwidth))),
     )
 
 
@@ -155,19 +164,32 @@ def ep_compute_to_comm_ratio(
     bandwidth: str | Link | float,
     act_bytes: float = 2,
     matrices: int = 3,
+    combine_bytes: float | None = None,
 ) -> float:
     """Expert compute time over all-to-all time per routed token: hidden behind it when ≥ 1.
 
     Per routed copy of a token: ``2·matrices·d·F_e`` FLOPs (a gated MLP has 3 matrices) against
-    dispatch + combine ``2·d·b·(ep-1)/ep`` bytes. ``d`` cancels, so the ratio is
-    ``matrices·F_e / (b·(ep-1)/ep·C/B)``.
+    dispatch ``d·b`` plus combine ``d·b_c`` bytes, a fraction ``(ep-1)/ep`` of them off-GPU.
+    ``d`` cancels, so the ratio is ``2·matrices·F_e / ((b + b_c)·(ep-1)/ep·C/B)``. ``b`` is the
+    dispatch's bytes per value (1 for FP8), ``b_c`` the combine's (``combine_bytes``; the same as
+    ``b`` unless given — DeepSeek-V3 dispatches in FP8 but combines in BF16, ``b_c = 2``).
     """
-    _positive(expert_ffn_dim=expert_ffn_dim, ep=ep, act_bytes=act_bytes, matrices=matrices)
+    combine = act_bytes if combine_bytes is None else combine_bytes
+    _positive(
+        expert_ffn_dim=expert_ffn_dim,
+        ep=ep,
+        act_bytes=act_bytes,
+        matrices=matrices,
+        combine_bytes=combine,
+    )
     if ep == 1:
         return math.inf
     off_gpu = (ep - 1) / ep
     return (
-        matrices * expert_ffn_dim / (act_bytes * off_gpu * critical_intensity(gpu_spec, bandwidth))
+        2
+        * matrices
+        * expert_ffn_dim
+        / ((act_bytes + combine) * off_gpu * critical_intensity(gpu_spec, bandwidth))
     )
 
 

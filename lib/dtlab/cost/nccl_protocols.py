@@ -15,10 +15,14 @@ environment-variable docs for ``NCCL_PROTO``):
 **Algorithms** (``NCCL_ALGO``): **Ring** (bandwidth-optimal, ``2(N-1)`` latency steps),
 **Tree** (double binary tree, ``O(log N)`` steps: small and medium messages at scale),
 **NVLS** (NVLink SHARP: the NVSwitch reduces and multicasts; H100 and later), **CollNet** (SHARP in
-InfiniBand switches across nodes). With NVLS or CollNet the switch does the adding, so each GPU
-sends about ``M`` and receives about ``M`` instead of ``2(N-1)/N·M`` each way; nccl-tests still
-reports ``busbw = algbw · 2(N-1)/N``, which can then exceed the link's bandwidth: busbw is a
-normalisation for comparing with the ring, not what the link carries.
+InfiniBand switches across nodes). With NVLS or CollNet the switch does the adding: each GPU
+reduces one ``1/N`` slice (the switch reads that slice from all ``N`` GPUs, so each GPU's buffer
+leaves it once, ``M`` bytes, and the sum ``M/N`` comes back) and multicasts its summed slice
+(``M/N`` out, every slice ``M`` in). Each GPU therefore sends and receives ``(1 + 1/N)·M`` per
+direction instead of the ring's ``2(N-1)/N·M``. nccl-tests still reports ``busbw = algbw ·
+2(N-1)/N``, which over-states what the link carries by ``2(N-1)/(N+1)`` (1.56× at N = 8) and can
+exceed the link's bandwidth: busbw is a normalisation for comparing with the ring, not what the
+link carries. The link caps ``algbw`` at ``B·N/(N+1)``: 400 GB/s on NVLink 4 (450 GB/s) at N = 8.
 """
 
 from __future__ import annotations
@@ -38,8 +42,25 @@ def protocol_bandwidth(protocol: str, link_bytes_per_s: float) -> float:
 
 
 def in_network_busbw(nbytes: float, seconds: float, n: int) -> dict[str, float]:
-    """``busbw`` as nccl-tests reports it and ``sent_per_gpu`` (bytes/s each GPU actually sent)
-    for an all-reduce the switch reduced (NVLS/SHARP): ``M/t · 2(N-1)/N`` against ``M/t``."""
+    """What nccl-tests prints for an all-reduce the switch reduced (NVLS/SHARP), against the wire.
+
+    ``M`` = ``nbytes`` all-reduced over ``n`` GPUs in ``seconds``:
+
+    * ``algbw`` = ``M/t``;
+    * ``busbw`` = ``M/t · 2(N-1)/N``, nccl-tests' ring normalisation;
+    * ``sent_per_gpu`` = ``(1 + 1/N)·M / t``, the bytes/s each GPU really puts on its link (and
+      takes off it): its whole buffer read by the switch for the reduction, plus the ``1/N`` slice
+      it reduced, sent back for the multicast;
+    * ``busbw_over_sent`` = ``2(N-1)/(N+1)``, how far busbw over-states the wire.
+
+    A time whose ``sent_per_gpu`` exceeds the link's bandwidth is impossible on that link.
+    """
     if seconds <= 0 or n < 2:
         raise ValueError(f"need seconds > 0 and n >= 2, got {seconds}, {n}")
-    return {"busbw": nbytes / seconds * 2 * (n - 1) / n, "sent_per_gpu": nbytes / seconds}
+    algbw = nbytes / seconds
+    return {
+        "algbw": algbw,
+        "busbw": algbw * 2 * (n - 1) / n,
+        "sent_per_gpu": algbw * (n + 1) / n,
+        "busbw_over_sent": 2 * (n - 1) / (n + 1),
+    }
