@@ -247,9 +247,11 @@ def activation_checkpointing_bytes(
     The first term falls with ``k``, the second grows; the continuous optimum is
     ``k* = sqrt(L · a / b)`` (:func:`best_layers_per_checkpoint` finds the integer one). Chen et
     al. 2016 ("Training Deep Nets with Sublinear Memory Cost") assume ``a = b`` and get ``√L``;
-    a transformer layer's ``b`` is ``17 + 2.5·a_heads·s/h`` times its input (more than 17×), so
-    ``k* < √(L/17)``: checkpoint **every layer** (or every second one at hundreds of layers),
-    not every ``√L``-th.
+    a transformer layer's ``b`` is ``17 + 2.5·a_heads·s/h`` times its input when the attention
+    scores are stored (``b/a`` is 57 for GPT-3), so ``k* < √(L/17)``: checkpoint **every layer**
+    (every second one only past about ``2·b/a`` layers), not every ``√L``-th. With flash
+    attention the score term is gone, ``b/a = 17``, and two layers per checkpoint win from
+    about 36 layers (``k* = √(80/17) ≈ 2.2`` at 80).
     """
     k = layers_per_checkpoint
     if not 1 <= k <= n_layers:
