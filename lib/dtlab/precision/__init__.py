@@ -13,9 +13,20 @@
 * :mod:`~dtlab.precision.fp8_linear` — :class:`Fp8Linear` (E4M3 forward, E5M2 gradients) on
   ``torch._scaled_mm`` where it runs, simulated where not, and says which.
 * :mod:`~dtlab.precision.microscaling` — MXFP8 and NVFP4, simulated.
+* :mod:`~dtlab.precision.bf16_updates` — stochastic rounding and Kahan summation in BF16, the
+  alternatives to FP32 master weights, on the updates-lost demo.
 * :mod:`~dtlab.precision.recipes` — :func:`train_recipe`: the lab GPT under each recipe.
 """
 
+from dtlab.precision.bf16_updates import (
+    UPDATE_MODES,
+    BF16Updater,
+    kahan_add_,
+    round_up_probability,
+    stochastic_round_to_bf16,
+    updates_lost_demo,
+    weight_bytes_per_parameter,
+)
 from dtlab.precision.formats import FORMATS, NumberFormat, format_table, number_format
 from dtlab.precision.fp8 import (
     AmaxHistory,
@@ -50,7 +61,9 @@ __all__ = [
     "PER_ROW",
     "PER_TENSOR",
     "PER_TILE",
+    "UPDATE_MODES",
     "AmaxHistory",
+    "BF16Updater",
     "DynamicLossScaler",
     "Fp8Linear",
     "Fp8Recipe",
@@ -65,6 +78,7 @@ __all__ = [
     "flushed_to_zero",
     "format_table",
     "gradients_of",
+    "kahan_add_",
     "mxfp8_roundtrip",
     "next_scale_state",
     "norms_in_fp32",
@@ -72,4 +86,8 @@ __all__ = [
     "nvfp4_roundtrip",
     "quantize_fp8",
     "relative_error",
+    "round_up_probability",
+    "stochastic_round_to_bf16",
+    "updates_lost_demo",
+    "weight_bytes_per_parameter",
 ]
