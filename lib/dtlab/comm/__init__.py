@@ -4,6 +4,10 @@
   dimension) on torch's backend or dtlab's counted rings; blocking and non-blocking
   point-to-point; scalar reports as uncounted control messages. Spans carry the group,
   micro-batch and phase; bytes go to its :class:`~dtlab.collectives.stats.CommStats`.
+* :mod:`~dtlab.comm.messages` — point to point behind the communicator's ``send``/``recv``
+  and ``start_exchange``: who sends what to whom, counted from the messages.
+* :mod:`~dtlab.comm.volumes` — the ring convention's bytes per collective (what the torch path
+  records, since it cannot see inside gloo's or NCCL's algorithms) and a tensor's byte size.
 * :mod:`~dtlab.comm.pending` — the handles of communication in flight (``wait()``), and why
   ``collectives="dtlab"`` refuses to overlap (:class:`OverlapRefused`).
 * :mod:`~dtlab.comm.groups` — process groups over rank lists that are not a mesh dimension
@@ -23,9 +27,10 @@ from dtlab.comm.autograd import (
     reduce_from_group,
     reduce_scatter_along,
 )
-from dtlab.comm.communicator import Communicator, nbytes, ring_bytes_sent
+from dtlab.comm.communicator import Communicator
 from dtlab.comm.groups import group_containing
 from dtlab.comm.pending import Finished, OverlapRefused, PendingCollective, PendingMessages
+from dtlab.comm.volumes import nbytes, ring_bytes_sent
 
 __all__ = [
     "Communicator",

@@ -41,8 +41,9 @@ p2p layer's own, one per ring step.
 Point to point: :meth:`Communicator.send`/:meth:`~Communicator.recv` block;
 :meth:`~Communicator.start_exchange` (and :meth:`~Communicator.isend`/:meth:`~Communicator.irecv`)
 posts messages and returns a :class:`~dtlab.comm.pending.PendingMessages` to ``wait()`` on, so
-a ring or a pipeline can compute while its next block travels. Posted messages go through
-:mod:`dtlab.collectives.p2p` on either path, so their bytes are counted from the messages.
+a ring or a pipeline can compute while its next block travels (:mod:`dtlab.comm.messages` holds
+how). Posted messages go through :mod:`dtlab.collectives.p2p` on either path, so their bytes are
+counted from the messages.
 
 Control messages: a scalar *report* — a loss averaged for printing, a gradient norm, a flag of
 which parameters were used — is not training traffic. :meth:`~Communicator.all_reduce_control`
@@ -62,33 +63,17 @@ import torch.distributed as dist
 from dtlab import collectives as C
 from dtlab import trace
 from dtlab.collectives.stats import CommStats
+from dtlab.comm import messages
 from dtlab.comm.groups import group_containing
 from dtlab.comm.pending import Finished, PendingCollective, PendingMessages, refuse_overlap
+from dtlab.comm.volumes import nbytes, ring_bytes_sent
 
 VIA = ("torch", "dtlab")
 _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
-_RING_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0 if n > 1 else 0.0,
-}
-
 # torch 2.13 renamed the "tensor" collectives to "*_single"; 2.11 only has the old names.
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def ring_bytes_sent(op: str, payload_bytes: int, world_size: int) -> float:
-    """Bytes one rank sends for ``op`` on a ``payload_bytes`` tensor (nccl-tests convention)."""
-    if op not in _RING_FACTOR:
-        raise ValueError(f"unknown collective {op!r}; choose one of {sorted(_RING_FACTOR)}")
-    return _RING_FACTOR[op](world_size) * payload_bytes
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class Communicator:
@@ -138,11 +123,12 @@ class Communicator:
         return None if group is None else cls(group, collectives, dim)
 
     @property
-    def _peers(self):
+    def peer_list(self):
         """The group for dtlab's collectives: ``None`` for the world, else the rank list."""
         return None if self.group is None else self.ranks
 
-    def _labels(self) -> dict:
+    def span_labels(self) -> dict:
+        """The labels every span of this communicator carries: its group, then the trace's."""
         return {"group": self.dim, **trace.current_labels()}
 
     @property
@@ -161,7 +147,7 @@ class Communicator:
             if async_op and not self._refused_overlap:
                 self._refused_overlap = True
                 refuse_overlap(name, self.dim)
-            with C.counting() as moved, trace.labels(**self._labels()):
+            with C.counting() as moved, trace.labels(**self.span_labels()):
                 dtlab_call()
             self.comm_stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
             self.comm_stats.messages_sent += moved.messages_sent
@@ -170,8 +156,8 @@ class Communicator:
         sent = ring_bytes_sent(op, payload, self.world_size)
         self.comm_stats.add_call(op, sent, sent, counted=False)
         if async_op:
-            return PendingCollective(torch_call(True), name, sent, self._labels())
-        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
+            return PendingCollective(torch_call(True), name, sent, self.span_labels())
+        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self.span_labels()):
             torch_call(False)
         return None
 
@@ -191,7 +177,7 @@ class Communicator:
         return self._run(
             "all_reduce", name, nbytes(tensor), async_op,
             lambda a: dist.all_reduce(tensor, op=_TORCH_OPS[op], group=self.group, async_op=a),
-            lambda: C.all_reduce(tensor, op, algorithm="ring", group=self._peers),
+            lambda: C.all_reduce(tensor, op, algorithm="ring", group=self.peer_list),
         )  # fmt: skip
 
     def reduce_scatter(
@@ -205,7 +191,7 @@ class Communicator:
         return self._run(
             "reduce_scatter", name, nbytes(full), async_op,
             lambda a: _reduce_scatter_tensor(shard, full, group=self.group, async_op=a),
-            lambda: shard.copy_(C.reduce_scatter(full, "sum", group=self._peers)),
+            lambda: shard.copy_(C.reduce_scatter(full, "sum", group=self.peer_list)),
         )  # fmt: skip
 
     def all_gather(
@@ -219,7 +205,7 @@ class Communicator:
         return self._run(
             "all_gather", name, nbytes(full), async_op,
             lambda a: _all_gather_tensor(full, shard, group=self.group, async_op=a),
-            lambda: C.all_gather(shard, group=self._peers, out=full),
+            lambda: C.all_gather(shard, group=self.peer_list, out=full),
         )  # fmt: skip
 
     def broadcast(self, tensor: torch.Tensor, name: str = "broadcast") -> None:
@@ -228,7 +214,7 @@ class Communicator:
         self._run(
             "broadcast", name, nbytes(tensor), False,
             lambda a: dist.broadcast(tensor, src=src, group=self.group, async_op=a),
-            lambda: C.broadcast(tensor, 0, algorithm="chain", group=self._peers),
+            lambda: C.broadcast(tensor, 0, algorithm="chain", group=self.peer_list),
         )  # fmt: skip
 
     def all_to_all(
@@ -248,58 +234,29 @@ class Communicator:
         mine = (input_splits[self.rank] if input_splits else len(tensor) // self.world_size) * row
         sent = nbytes(tensor) - mine
         if self.via == "dtlab":
-            with C.counting() as moved, trace.labels(**self._labels()):
-                C.all_to_all(tensor, input_splits, output_splits, group=self._peers, out=output)
+            with C.counting() as moved, trace.labels(**self.span_labels()):
+                C.all_to_all(tensor, input_splits, output_splits, group=self.peer_list, out=output)
             self.comm_stats.add_call(
                 "all_to_all", moved.bytes_sent, moved.bytes_received, counted=True
             )
             return
         self.comm_stats.add_call("all_to_all", sent, nbytes(output) - mine, counted=False)
-        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self._labels()):
+        with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self.span_labels()):
             dist.all_to_all_single(output, tensor, output_splits, input_splits, group=self.group)
 
     # -- point to point ----------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, to: int, name: str = "send") -> None:
         """Send ``tensor`` to group rank ``to`` (blocking until the receiver has it)."""
-        self._point_to_point("send", tensor, to, name)
+        messages.point_to_point(self, "send", tensor, to, name)
 
     def recv(self, tensor: torch.Tensor, source: int | None = None, name: str = "recv") -> int:
         """Receive into ``tensor`` from group rank ``source`` and return ``source``. ``None``
         takes the next message from *any* rank and returns the group rank that sent it (torch's
         path only: the counted layer matches every message to a named peer)."""
         if source is None:
-            return self._recv_from_anyone(tensor, name)
-        self._point_to_point("recv", tensor, source, name)
+            return messages.recv_from_anyone(self, tensor, name)
+        messages.point_to_point(self, "recv", tensor, source, name)
         return source
-
-    def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, name: str) -> None:
-        size = nbytes(tensor)
-        sent, received = (size, 0) if op == "send" else (0, size)
-        if self.via == "dtlab":
-            peers = C.peers_of(self._peers)
-            with C.counting() as moved, trace.labels(**self._labels()):
-                getattr(peers, op)(peer, tensor, name=name)
-            self.comm_stats.add_call(op, moved.bytes_sent, moved.bytes_received, counted=True)
-            self.comm_stats.messages_sent += moved.messages_sent
-            self.comm_stats.messages_received += moved.messages_received
-            return
-        self.comm_stats.add_call(op, sent, received, counted=False)
-        call = dist.send if op == "send" else dist.recv
-        with trace.cuda_span(
-            name, kind="comm", nbytes=size, peer=self.ranks[peer], **self._labels()
-        ):
-            call(tensor, self.ranks[peer], group=self.group)
-
-    def _recv_from_anyone(self, tensor: torch.Tensor, name: str) -> int:
-        if self.via == "dtlab":
-            raise ValueError(
-                "receiving from any rank (source=None) needs collectives='torch': dtlab's counted "
-                "layer posts every receive for a named peer; pass source=<group rank>"
-            )
-        self.comm_stats.add_call("recv", 0, nbytes(tensor), counted=False)
-        with trace.cuda_span(name, kind="comm", nbytes=nbytes(tensor), **self._labels()):
-            sender = dist.recv(tensor, group=self.group)
-        return self.ranks.index(sender)
 
     def start_exchange(
         self,
@@ -309,43 +266,10 @@ class Communicator:
         name: str,
         op: str | None = None,
     ) -> PendingMessages:
-        """Post every ``(group rank, tensor)`` send and receive now; ``wait()`` on the returned
-        :class:`~dtlab.comm.pending.PendingMessages` before reading a received tensor or reusing
-        a sent one. Receive buffers must be contiguous. Messages between two ranks match in
-        posting order.
-
-        Counted from the posted messages on either path (point to point has no convention to
-        fall back on), into ``comm_stats`` under ``"<op>_send"``/``"<op>_recv"`` (``op=None``:
-        ``"send"``/``"recv"``). On transports that cannot keep single messages in flight
-        (NCCL, :attr:`dtlab.collectives.p2p.TorchTransport.streams`) the messages move as one
-        blocking step here and the handle is already done: no overlap, no deadlock.
-        """
-        peers = C.peers_of(self.ranks)
-        sends, recvs = list(sends), list(recvs)
-        start = trace.now_ns()
-        with C.counting() as moved:
-            if peers.streams:
-                works = [peers.post_send(peer, t) for peer, t in sends]
-                works += [peers.post_recv(peer, t) for peer, t in recvs]
-            else:
-                works = []
-                with trace.labels(**self._labels()):
-                    peers.exchange(sends, recvs, name=name)
-        sent_as, received_as = (f"{op}_send", f"{op}_recv") if op else ("send", "recv")
-        if sends:
-            self.comm_stats.add_call(sent_as, moved.bytes_sent, 0, counted=True)
-        if recvs:
-            self.comm_stats.add_call(received_as, 0, moved.bytes_received, counted=True)
-        self.comm_stats.messages_sent += moved.messages_sent
-        self.comm_stats.messages_received += moved.messages_received
-        to: dict[int, int] = {}
-        for peer, t in sends:
-            if t.numel():
-                to[self.ranks[peer]] = to.get(self.ranks[peer], 0) + nbytes(t)
-        return PendingMessages(
-            works, [t for _, t in sends], name, moved.bytes_sent,
-            [[rank, size] for rank, size in to.items()], self.dim, start,
-        )  # fmt: skip
+        """Post every ``(group rank, tensor)`` send and receive now and return the handle to
+        ``wait()`` on before reading a received tensor or reusing a sent one; counted from the
+        posted messages (:func:`dtlab.comm.messages.start_exchange`)."""
+        return messages.start_exchange(self, sends, recvs, name, op)
 
     def isend(self, tensor: torch.Tensor, to: int, name: str = "isend") -> PendingMessages:
         """Start sending ``tensor`` to group rank ``to`` (see :meth:`start_exchange`)."""
