@@ -137,16 +137,16 @@ def test_code_item_is_graded_through_its_exercise(cluster2):
 
 
 def test_hangs_and_dead_ranks_become_messages_for_the_learner():
-    from dtlab.quiz.exercises import _explain_failure
+    from dtlab.quiz.failures import explain_failure
     from dtlab.runtime.errors import ClusterTimeout, RankDied, RankError
 
-    hang, _ = _explain_failure(
+    hang, _ = explain_failure(
         ClusterTimeout("rank 1 still in all_reduce", {1: "all_reduce"}), rank_sum
     )
     assert "did not finish in time" in hang and "rank 1 still in all_reduce" in hang
-    died, _ = _explain_failure(RankDied("rank 0 exited with SIGKILL", 0, -9), rank_sum)
+    died, _ = explain_failure(RankDied("rank 0 exited with SIGKILL", 0, -9), rank_sum)
     assert "A rank process died while running `rank_sum`" in died
-    stub, details = _explain_failure(
+    stub, details = explain_failure(
         RankError(
             1, "NotImplementedError", "Exercise", "Traceback ...\nNotImplementedError: Exercise"
         ),
@@ -157,7 +157,7 @@ def test_hangs_and_dead_ranks_become_messages_for_the_learner():
 
 def test_an_unwritten_method_is_named_and_its_details_show_every_rank_and_the_trace():
     """Lab 04 grades vocab_parallel_cross_entropy; the learner writes the class's forward."""
-    from dtlab.quiz.exercises import _explain_failure
+    from dtlab.quiz.failures import explain_failure
     from dtlab.runtime.errors import RankError
     from dtlab.workshop.stubs import ExerciseNotWritten
 
@@ -166,7 +166,7 @@ def test_an_unwritten_method_is_named_and_its_details_show_every_rank_and_the_tr
         'Traceback (most recent call last):\n  File "<cell>", line 6, in forward\n'
         f"ExerciseNotWritten: {unwritten}"
     )
-    message, details = _explain_failure(
+    message, details = explain_failure(
         RankError(
             0,
             "ExerciseNotWritten",

@@ -19,7 +19,8 @@ mismatch (an ``AssertionError`` from the grader), a right result reached without
 learner, so a student notebook still runs top to bottom. The learner's own function is graded,
 never the library stand-in :func:`~dtlab.workshop.stubs.until_written` puts around it.
 
-The "Not yet"/"Passed" box renders its message as Markdown with the quiz feedback's
+Why a check failed is put in the learner's words by :mod:`dtlab.quiz.failures`. The
+"Not yet"/"Passed" box renders its message as Markdown with the quiz feedback's
 :func:`~dtlab.quiz.feedback.markdown_to_html` (`code` in backticks, one line per line); details
 stay preformatted.
 """
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import html
 import importlib
-import linecache
 import math
 import pkgutil
-import re
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dtlab.quiz.failures import NotTheSkill as NotTheSkill  # graders import it from here
+from dtlab.quiz.failures import explain_failure
 
 
 @dataclass
@@ -79,11 +80,6 @@ def message_html(message: str) -> str:
     from dtlab.quiz.feedback import markdown_to_html
 
     return markdown_to_html(message.rstrip().replace("\n", "  \n"))
-
-
-class NotTheSkill(AssertionError):
-    """Raised by a grader when the result is right but was reached without the skill the exercise
-    teaches: a built-in collective instead of messages, the wrong traffic, the library's answer."""
 
 
 @dataclass(frozen=True)
@@ -182,99 +178,6 @@ def assert_all_ranks_close(
         )
 
 
-def _is(error: BaseException, class_name: str) -> bool:
-    # By name, so this works before the runtime is imported and across module reloads.
-    return any(c.__name__ == class_name for c in type(error).__mro__)
-
-
-def _tail(text: str, lines: int = 12) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def learner_line(trace: str, fn: Callable) -> str:
-    """The deepest traceback line inside the learner's function, e.g.
-    ``line 4 in rank_sum: t = dist.all_reduce(x)``; "" when the traceback never enters it."""
-    code = getattr(fn, "__code__", None)
-    if code is None or not trace:
-        return ""
-    lines = trace.splitlines()
-    found = ""
-    for i, line in enumerate(lines):
-        frame = re.match(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)', line)
-        if frame and frame["file"] == code.co_filename:
-            source = linecache.getline(code.co_filename, int(frame["line"])).strip()
-            following = lines[i + 1] if i + 1 < len(lines) else ""
-            if not source and following.startswith("    ") and following.strip()[:1] not in "^~":
-                source = following.strip()
-            found = f"line {frame['line']} in {frame['name']}" + (f": {source}" if source else "")
-    return found
-
-
-def _not_written(name: str, unwritten: str | None) -> str:
-    if unwritten is None:
-        return (
-            f"Not implemented yet: write the body of `{name}` "
-            "(replace the `raise NotImplementedError`)."
-        )
-    return (
-        f"Not implemented yet: write the body of `{unwritten}` "
-        "(replace the `raise ExerciseNotWritten` line)."
-    )
-
-
-def _explain_failure(error: Exception, fn: Callable) -> tuple[str, dict[str, Any]]:
-    from dtlab.workshop.stubs import not_written_name
-
-    name = getattr(fn, "__name__", "your function")
-    if isinstance(error, NotImplementedError):
-        trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        return _not_written(name, not_written_name(str(error))), {"traceback (tail)": _tail(trace)}
-    if _is(error, "RankError"):
-        rank = getattr(error, "rank", "?")
-        remote = str(getattr(error, "remote_traceback", "") or error)
-        remote_type = getattr(error, "exc_type", "")
-        if remote_type in ("NotImplementedError", "ExerciseNotWritten") or re.search(
-            r"^(\w+\.)*(NotImplementedError|ExerciseNotWritten)\b", remote, re.M
-        ):
-            unwritten = not_written_name(str(getattr(error, "remote_message", "")))
-            ranks = getattr(error, "note", "") or f"rank {rank} raised it"
-            return _not_written(name, unwritten), {
-                "ranks": ranks.splitlines()[0],
-                "traceback (tail)": _tail(remote),
-            }
-        if remote_type:
-            what = f"{remote_type}: {getattr(error, 'remote_message', '')}"
-        else:
-            what = remote.strip().splitlines()[-1] if remote.strip() else str(error)
-        yours = learner_line(remote, fn)
-        first = f"Your {yours}\n" if yours else ""
-        return f"{first}Rank {rank} raised {what}", {
-            "rank": rank,
-            "traceback (tail)": _tail(remote),
-        }
-    if _is(error, "ClusterTimeout"):
-        return (
-            f"`{name}` did not finish in time: a rank is probably waiting in a collective that "
-            f"another rank never called (every rank must call the same collectives in the same order).\n{error}",
-            {},
-        )
-    if _is(error, "RankDied"):
-        return (
-            f"A rank process died while running `{name}` (the pool restarts on the next run).\n{error}",
-            {},
-        )
-    if isinstance(error, NotTheSkill):
-        return f"The result is right, but not the way the exercise asks.\n{error}", {}
-    if isinstance(error, AssertionError):
-        return f"Your result does not match the reference.\n{error}", {}
-    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    yours = learner_line(trace, fn)
-    first = f"Your {yours}\n" if yours else ""
-    return f"{first}Checking `{name}` failed with {type(error).__name__}: {error}", {
-        "traceback (tail)": _tail(trace)
-    }
-
-
 def _run_grader(entry: Exercise, fn: Callable, cluster: Any) -> GradeResult:
     owned = None
     try:
@@ -291,7 +194,7 @@ def _run_grader(entry: Exercise, fn: Callable, cluster: Any) -> GradeResult:
             bool(outcome), "matches the reference" if outcome else "does not match the reference"
         )
     except Exception as error:
-        message, details = _explain_failure(error, fn)
+        message, details = explain_failure(error, fn)
         return GradeResult(False, message, details)
     finally:
         if owned is not None:
