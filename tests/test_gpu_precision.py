@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dtlab
+from test_precision_scaler_fp32 import run_scaler_steps  # the CPU parity test's driver
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,32 +63,6 @@ def test_loss_scaler_with_ddp_runs_on_nccl():
     assert r["stepped"] == [True, False, True] and r["scale"] == 2.0**7
 
 
-def _scaler_run_on_cuda(
-    scaler, events: str, true_grad: torch.Tensor
-) -> list[tuple[str, int, bool]]:
-    """Per step: (scale after update in hex, growth tracker, whether the optimizer stepped);
-    gradients are ``scaler.scale(true_grad)`` on CUDA, an ``o`` step plants one inf."""
-    param = torch.nn.Parameter(torch.zeros_like(true_grad))
-    opt = torch.optim.SGD([param], lr=0.0)
-    stepped: list[bool] = []
-    opt.register_step_pre_hook(lambda *_: stepped.__setitem__(-1, True))
-    out = []
-    for event in events:
-        stepped.append(False)
-        grad = scaler.scale(true_grad).detach().float()
-        if event == "o":
-            grad[1] = float("inf")
-        param.grad = grad
-        scaler.step(opt)
-        scaler.update()
-        if isinstance(scaler, torch.amp.GradScaler):
-            tracker = int(scaler._get_growth_tracker())
-        else:
-            tracker = scaler.state.clean_steps
-        out.append((float(scaler.get_scale()).hex(), tracker, stepped[-1]))
-    return out
-
-
 @pytest.mark.parametrize(
     ("start", "growth", "backoff", "interval"),
     [
@@ -106,10 +81,10 @@ def test_scale_at_the_fp32_edge_equals_grad_scaler_on_cuda(start, growth, backof
     knobs = dict(growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
     true_grad = torch.tensor([0.375, -0.0625, 0.75, 2.5e-4], device="cuda")
     events = "cccccoccccooccccccocc"
-    ours = _scaler_run_on_cuda(
+    ours = run_scaler_steps(
         DynamicLossScaler(ScalerConfig(init_scale=start, **knobs)), events, true_grad
     )
-    theirs = _scaler_run_on_cuda(
+    theirs = run_scaler_steps(
         torch.amp.GradScaler("cuda", init_scale=start, **knobs), events, true_grad
     )
     assert ours == theirs

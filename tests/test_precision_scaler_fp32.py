@@ -30,9 +30,12 @@ EVENTS = "ccccccoccccccccooccccccccocccccccccccoooccccccccc"
 TRUE_GRAD = torch.tensor([1.5, -0.25, 3.0, 1e-3])  # what backward would give for the loss itself
 
 
-def _run(scaler, events: str, true_grad: torch.Tensor = TRUE_GRAD) -> list[tuple[str, int, bool]]:
+def run_scaler_steps(
+    scaler, events: str, true_grad: torch.Tensor = TRUE_GRAD
+) -> list[tuple[str, int, bool]]:
     """Per step: (the scale after update, in hex; the growth tracker; whether the optimizer
-    stepped). Gradients are ``scaler.scale(true_grad)``, as backward of the scaled loss gives
+    stepped). Gradients are ``scaler.scale(true_grad)`` on ``true_grad``'s device (the GPU suite
+    runs it on CUDA), as backward of the scaled loss gives
     them; an overflow plants one inf. Steps are read from the optimizer (a pre-hook)."""
     param = torch.nn.Parameter(torch.zeros_like(true_grad))
     opt = torch.optim.SGD([param], lr=0.0)
@@ -60,8 +63,8 @@ def _run(scaler, events: str, true_grad: torch.Tensor = TRUE_GRAD) -> list[tuple
 def test_scale_tracker_and_skips_equal_grad_scaler_bit_for_bit(growth, backoff, interval):
     for start in STARTS:
         knobs = dict(growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
-        ours = _run(DynamicLossScaler(ScalerConfig(init_scale=start, **knobs)), EVENTS)
-        theirs = _run(torch.amp.GradScaler("cpu", init_scale=start, **knobs), EVENTS)
+        ours = run_scaler_steps(DynamicLossScaler(ScalerConfig(init_scale=start, **knobs)), EVENTS)
+        theirs = run_scaler_steps(torch.amp.GradScaler("cpu", init_scale=start, **knobs), EVENTS)
         for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert a == b, (
                 f"start {start}, step {step} ({EVENTS[step]}): dtlab (scale, tracker, stepped) "
@@ -96,7 +99,9 @@ def test_growth_past_fp32_max_is_refused_and_no_step_is_skipped():
     """From 2**127, doubling gives 2**128: a finite Python float, inf in FP32. Kept, the scaled
     gradients overflow and the scaler skips every other step (grow, overflow, back off, ...)."""
     scaler = DynamicLossScaler(ScalerConfig(init_scale=2.0**127, growth_interval=1))
-    run = _run(scaler, "c" * 8, true_grad=TRUE_GRAD / 4)  # finite at 2**127, inf at 2**128
+    run = run_scaler_steps(
+        scaler, "c" * 8, true_grad=TRUE_GRAD / 4
+    )  # finite at 2**127, inf at 2**128
     assert [stepped for _, _, stepped in run] == [True] * 8
     assert {scale for scale, _, _ in run} == {(2.0**127).hex()}
     assert [tracker for _, tracker, _ in run] == [0] * 8  # the tracker resets, as the kernel's
