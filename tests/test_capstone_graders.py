@@ -1,4 +1,4 @@
-"""Lab 12's graders: wrong numbers, hard-coded answers, rank-dependent plans, bad plans and the
+"""Lab 14's graders: wrong numbers, hard-coded answers, rank-dependent plans, bad plans and the
 library's own answer (under any name) fail."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The planner (dtlab.plan): its search agrees with lab 12's, its plans pass its own checklist,
+"""The planner (dtlab.plan): its search agrees with lab 14's, its plans pass its own checklist,
 its layouts are the mesh's, and its bytes on the wire are the ring formulas."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _lab_choose_plan():
-    lab = read_lab_source(REPO / "solutions" / "12_capstone.py")
+    lab = read_lab_source(REPO / "solutions" / "14_capstone.py")
     (found,) = [e for e in list_exercises(lab) if e.exercise_id == "capstone.choose_plan"]
     return load_exercise_function(found, "solution")
 

@@ -325,7 +325,7 @@ AUDITED_LABS = (
     "09_activation_memory",
     "10_checkpointing",
     "11_composition",
-    "12_capstone",
+    "14_capstone",
 )  # add each lab here once its text is audited (#11)
 
 

@@ -98,7 +98,7 @@ def waste_if_async_is_priced_as_sync(
     host_copy_bytes_per_s: float,
     bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM,
 ) -> dict[str, float]:
-    """Waste with async saves at the synchronous interval vs at their own: the lab 12 comparison."""
+    """Waste with async saves at the synchronous interval vs at their own: the lab 14 comparison."""
     mtbf = per_gpu_mtbf_s / n_gpus
     write = sync_checkpoint_cost_s(params, write_bytes_per_s, bytes_per_param)
     stall = async_checkpoint_stall_s(params, n_gpus, host_copy_bytes_per_s, bytes_per_param)

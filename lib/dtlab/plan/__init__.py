@@ -1,7 +1,7 @@
 """The planner: what a parallel layout costs a training job at scale, and which layout to pick.
 
 The system-design answer an interviewer expects ("train a 70B model on 2,048 H100s"), as code
-that labs, quiz keys and lab 12's graders import (graders never contain it):
+that labs, quiz keys and lab 14's graders import (graders never contain it):
 
 * :mod:`~dtlab.plan.job` — :class:`Requirements`, the job (model — dense or mixture of
   experts —, data, cluster, targets), and the Llama-2-shaped presets :data:`LLAMA_70B`,

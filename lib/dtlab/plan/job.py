@@ -3,7 +3,7 @@
 :class:`Requirements` is the first stage of the system-design answer ("what must the job do, on
 what?"). The three presets are shaped like the Llama 2 models (Touvron et al. 2023, "Llama 2:
 Open Foundation and Fine-Tuned Chat Models", Table 1: 80/40/32 layers, d = 8192/5120/4096, 4k
-context) on clusters of the size such runs use; lab 12 walks through :data:`LLAMA_70B`.
+context) on clusters of the size such runs use; lab 14 walks through :data:`LLAMA_70B`.
 :data:`LARGE_JOBS` (:mod:`dtlab.plan.large_jobs`) adds a Llama-3-405B-shaped dense job and a
 DeepSeek-V3-shaped mixture of experts, whose extra fields (grouped-query K/V heads, routed
 experts, a trimmed first and last pipeline stage) default to a dense Llama 2 model.
@@ -98,4 +98,4 @@ LLAMA_13B = Requirements(
 )
 LLAMA_7B = Requirements("7B on 64 H100", 7e9, 32, 4096, 32, 4096, 1e12, 2 * 2**20, 64)
 JOBS = (LLAMA_70B, LLAMA_13B, LLAMA_7B)
-"""The jobs lab 12 plans: 70B on 2,048 H100, 13B on 256 A100-80GB, 7B on 64 H100."""
+"""The jobs lab 14 plans: 70B on 2,048 H100, 13B on 256 A100-80GB, 7B on 64 H100."""

@@ -54,7 +54,7 @@ DEEPSEEK_V3 = Requirements(
     moe_layers=58,
 )
 LARGE_JOBS = (LLAMA3_405B, DEEPSEEK_V3)
-"""The frontier jobs lab 11 plans end to end (lab 12's :data:`~dtlab.plan.job.JOBS` are kept)."""
+"""The frontier jobs lab 11 plans end to end (lab 14's :data:`~dtlab.plan.job.JOBS` are kept)."""
 
 CAPSTONE_JOBS = (LLAMA_7B, LLAMA_70B, LLAMA3_405B, DEEPSEEK_V3)
 """The capstone's 7B, 70B and 405B and one large MoE, smallest first."""

@@ -1,6 +1,6 @@
 """The planner as a widget: a job (model, GPUs, batch, sequence, fabric) → its layouts ranked.
 
-Pick a model preset (the capstone's 7B/70B/405B and the 671B mixture of experts, or lab 12's
+Pick a model preset (the capstone's 7B/70B/405B and the 671B mixture of experts, or lab 14's
 jobs), change the GPU count, the tokens per step or the sequence length, and read, for the
 fastest layouts that pass every check of :func:`dtlab.plan.plan_problems` and for the first one
 in the expert's order (:func:`dtlab.plan.first_plan_that_fits`):

@@ -1,4 +1,4 @@
-"""Graders for lab 12 (interview capstone): the system design of a large training job, in numbers.
+"""Graders for lab 14 (interview capstone): the system design of a large training job, in numbers.
 
 The learner answers the four stages of the design interview as four small functions:
 

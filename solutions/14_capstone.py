@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lab 12 — Interview capstone
+# # Lab 14 — Interview capstone
 #
 # The last lab is practice for the real thing. It has three parts:
 #
