@@ -779,6 +779,32 @@ dtlab.viz.describe(
 )
 
 # %% [markdown]
+# The model says backward's all-reduce can hide behind wgrad; here it is on the two ranks. Two
+# column → GELU → row layers run forward and backward twice per step, interleaved: once with the
+# input-gradient all-reduce waited for as soon as it is launched, once waited for after the
+# weight-gradient GEMM (`backward_overlap=True`, `dtlab.parallel.tensor.backward_overlap`).
+# From the trace, per layer: how long the all-reduce took from launch to completion, how much of
+# that no compute covered (*exposed*: launch plus wait), and the wgrad GEMM it can hide under.
+# Look for: `equal` — the gradients are bit-identical either way, only the order changes; the
+# forward all-reduce (g) exposed in both; with the overlap, part of the backward all-reduce ran
+# under wgrad. On this CPU the two ranks share two cores with the GEMM they hide behind, so the
+# hidden share is small and moves run to run; on GPUs the transfer runs on its own engine.
+
+# %%
+measured = tensor_parallel.measure_tp_backward_overlap(
+    cluster, layers=2, batch=2, seq=32, d_model=64, d_ff=256, steps=3
+)
+print(f"gradients bit-identical with and without: {measured.equal}")
+print(f"forward all-reduce (g), exposed either way: {measured.detail['forward_exposed_ms']:.2f} ms")
+for side in (measured.off, measured.on):
+    when = "after wgrad" if side.technique_on else "at once    "
+    print(
+        f"dL/dX all-reduce waited {when}: {side.comm_ms:.2f} ms in flight, "
+        f"{side.exposed_ms:.2f} ms exposed ({side.hidden_share:.0%} hidden), "
+        f"wgrad {side.compute_ms:.2f} ms"
+    )
+
+# %% [markdown]
 # ## 11. TP or FSDP? <a id="tp-or-fsdp"></a>
 #
 # Both split a model that does not fit; they move very different things.
@@ -786,7 +812,9 @@ dtlab.viz.describe(
 # - **FSDP (ZeRO-3)** moves **parameters and gradients**: `3(N-1)/N · Ψ` elements per rank per
 #   step, whatever the batch — and all of it can hide behind compute (prefetch, lab 03).
 # - **TP** moves **activations**: `4 · 2(t-1)/t · b·s·h` per layer per micro-batch — proportional
-#   to the tokens — blocking, on the critical path. In exchange it divides each layer's compute,
+#   to the tokens. Forward's half blocks, on the critical path (unless async TP chunks it);
+#   backward's half hides only as far as the weight-gradient GEMMs last (section 10). In exchange
+#   it divides each layer's compute,
 #   weights *and* activations by `t`, and lets more GPUs work on one replica without growing the
 #   global batch.
 #
@@ -919,6 +947,18 @@ ask("tensor_parallel.ib_allreduce_ms")
 
 # %%
 ask("tensor_parallel.inside_nvlink")
+
+# %%
+ask("tensor_parallel.backward_allreduce_hides_behind")
+
+# %%
+ask("tensor_parallel.sp_backward_what_hides")
+
+# %%
+ask("tensor_parallel.backward_overlap_exposed_ms")
+
+# %%
+ask("tensor_parallel.async_tp_exposed_ms")
 
 # %%
 ask("tensor_parallel.tp_or_fsdp")

@@ -156,7 +156,8 @@ class Communicator:
         sent = ring_bytes_sent(op, payload, self.world_size)
         self.comm_stats.add_call(op, sent, sent, counted=False)
         if async_op:
-            return PendingCollective(torch_call(True), name, sent, self.span_labels())
+            launched = trace.now_ns()  # the comm span starts when it was asked for
+            return PendingCollective(torch_call(True), name, sent, self.span_labels(), launched)
         with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self.span_labels()):
             torch_call(False)
         return None

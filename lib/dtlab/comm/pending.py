@@ -20,6 +20,17 @@ compute, DDP's bucket all-reduces run inside the backward hooks. That is *loud*:
 call on each communicator warns with :class:`OverlapRefused`, and the handle says
 ``overlapped=False``. Measure bytes with ``collectives="dtlab"``; measure overlap with
 ``collectives="torch"``.
+
+Decision (issue 30): the counted path stays synchronous for *collectives*. Overlapping them would
+take a ring run on a background thread over a process group of its own — one extra group per
+background stream, made by every rank in the same order up front, since ``dist.new_group`` is
+collective over the world — with :mod:`dtlab.collectives`' transport bound to that group instead
+of the default one; a thread sharing the default group with the caller's own messages cannot be
+made safe. Until the transport takes a group, what overlaps on the counted path is what is built
+from *posted* messages: :meth:`~dtlab.comm.Communicator.start_exchange` (ring attention, the
+pipeline, async TP's per-peer chunks in :mod:`dtlab.parallel.tensor.async_tp`) returns a
+:class:`PendingMessages` whose messages gloo's own threads progress while the caller computes —
+counted *and* overlapped (``tests/test_overlap_tp.py`` holds both).
 """
 
 from __future__ import annotations
@@ -62,10 +73,15 @@ class PendingCollective:
     overlapped = True
 
     def __init__(
-        self, work: dist.Work | None, name: str, sent: float, labels: dict | None = None
+        self,
+        work: dist.Work | None,
+        name: str,
+        sent: float,
+        labels: dict | None = None,
+        start_ns: int | None = None,
     ) -> None:
         self.work, self.name, self.sent, self.labels = work, name, sent, labels or {}
-        self.start_ns = trace.now_ns()
+        self.start_ns = trace.now_ns() if start_ns is None else start_ns
         self.start_event = trace.cuda_mark()
         self.done_ns: int | None = None
         if work is not None:  # gloo completes the future on its own thread when the data lands

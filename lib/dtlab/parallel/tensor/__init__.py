@@ -14,11 +14,18 @@ Read in this order — each file one idea on top of the last:
 * :mod:`~dtlab.parallel.tensor.sequence` — sequence parallelism's replicated parameters, whose
   gradients become partial sums.
 * :mod:`~dtlab.parallel.tensor.parallelize` — :func:`parallelize_gpt`, the whole model.
+* :mod:`~dtlab.parallel.tensor.backward_overlap` — the column layer's backward launching the
+  input-gradient collective before wgrad and waiting after it (``backward_overlap=True``).
+* :mod:`~dtlab.parallel.tensor.async_tp` — async TP (collective matmul): SP's forward all-gather
+  and reduce-scatter cut into per-peer chunks under partial GEMMs.
+* :mod:`~dtlab.parallel.tensor.overlap` — both measured on ranks: exposed vs total communication.
 * :mod:`~dtlab.parallel.tensor.accounting` — bytes moved and held per rank, in closed form.
 * :mod:`~dtlab.parallel.tensor.dtensor_plan` — the same split in PyTorch's DTensor TP, the
   production yardstick.
 """
 
+from dtlab.parallel.tensor.async_tp import all_gather_matmul, matmul_reduce_scatter
+from dtlab.parallel.tensor.backward_overlap import column_parallel_linear
 from dtlab.parallel.tensor.blocks import (
     check_heads,
     enter_region_on_input,
@@ -36,6 +43,13 @@ from dtlab.parallel.tensor.layers import (
     enter_region,
     leave_region,
 )
+from dtlab.parallel.tensor.overlap import (
+    ExposedComm,
+    OverlapMeasurement,
+    measure_async_tp,
+    measure_tp_backward_overlap,
+    tp_overlap_figures,
+)
 from dtlab.parallel.tensor.parallelize import (
     TensorParallel,
     check_tensor_parallel,
@@ -51,18 +65,25 @@ from dtlab.parallel.tensor.sequence import (
 __all__ = [
     "SEQ_DIM",
     "ColumnParallelLinear",
+    "ExposedComm",
+    "OverlapMeasurement",
     "RowParallelLinear",
     "SequenceShardedPositions",
     "TensorParallel",
     "VocabParallelEmbedding",
+    "all_gather_matmul",
     "all_reduce_partial_grads",
     "check_heads",
     "check_tensor_parallel",
+    "column_parallel_linear",
     "dtensor_loss_backward",
     "dtensor_parallelize_gpt",
     "enter_region",
     "enter_region_on_input",
     "leave_region",
+    "matmul_reduce_scatter",
+    "measure_async_tp",
+    "measure_tp_backward_overlap",
     "padded_vocab_size",
     "parallelize_attention",
     "parallelize_block",
@@ -70,5 +91,6 @@ __all__ = [
     "parallelize_gpt",
     "partial_grad_parameters",
     "tensor_parallel_check",
+    "tp_overlap_figures",
     "vocab_parallel_cross_entropy",
 ]

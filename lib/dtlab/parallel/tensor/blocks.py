@@ -80,31 +80,49 @@ def parallelize_attention(
     return attn
 
 
-def parallelize_mlp(mlp: MLP, comm: Communicator, sequence_parallel: bool = False) -> MLP:
-    """Shard ``mlp``'s hidden width over ``comm``'s ranks, in place; returns ``mlp``."""
+def parallelize_mlp(
+    mlp: MLP, comm: Communicator, sequence_parallel: bool = False, backward_overlap: bool = False
+) -> MLP:
+    """Shard ``mlp``'s hidden width over ``comm``'s ranks, in place; returns ``mlp``.
+
+    ``backward_overlap``: ``fc_in`` owns the region entry and waits for its input-gradient
+    collective after its wgrad GEMM (:mod:`~dtlab.parallel.tensor.backward_overlap`)."""
     if not isinstance(mlp, MLP):
         raise TypeError(
             f"parallelize_mlp shards the dense MLP (fc_in, GELU, fc_out); this block has "
             f"{type(mlp).__name__}. A mixture-of-experts layer is split by experts (expert "
             "parallelism), not by tensor parallelism here"
         )
-    mlp.fc_in = ColumnParallelLinear.from_linear(mlp.fc_in, comm, enters_region=False)
+    mlp.fc_in = ColumnParallelLinear.from_linear(
+        mlp.fc_in, comm, sequence_parallel=sequence_parallel,
+        enters_region=backward_overlap, backward_overlap=backward_overlap,
+    )  # fmt: skip
     mlp.fc_out = RowParallelLinear.from_linear(
         mlp.fc_out, comm, sequence_parallel=sequence_parallel
     )
-    enter_region_on_input(mlp, comm, sequence_parallel)
+    if not backward_overlap:
+        enter_region_on_input(mlp, comm, sequence_parallel)
     return mlp
 
 
 def parallelize_block(
-    block: nn.Module, comm: Communicator, sequence_parallel: bool = False
+    block: nn.Module,
+    comm: Communicator,
+    sequence_parallel: bool = False,
+    backward_overlap: bool = False,
 ) -> nn.Module:
     """Both regions of one :class:`dtlab.models.Block`, in place; returns ``block``.
+
+    ``backward_overlap`` applies to the MLP's entry (``fc_in`` alone reads it). Attention's
+    entry stays as it is: q, k and v are three GEMMs sharing one entry, whose backward sums their
+    three partial ``dL/dX`` before reducing — after all three wgrads have run, so nothing is left
+    to hide it. Megatron fuses q, k, v into one QKV GEMM, which is what lets its attention entry
+    overlap too.
 
     The LayerNorms stay as they are: a LayerNorm normalises each token on its own, so with
     sequence parallelism it simply runs on this rank's tokens (its gradients become partial:
     :func:`~dtlab.parallel.tensor.sequence.all_reduce_partial_grads`).
     """
     parallelize_attention(block.attn, comm, sequence_parallel)
-    parallelize_mlp(block.mlp, comm, sequence_parallel)
+    parallelize_mlp(block.mlp, comm, sequence_parallel, backward_overlap)
     return block

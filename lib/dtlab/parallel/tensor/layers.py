@@ -48,6 +48,7 @@ from dtlab.comm import (
     reduce_from_group,
     reduce_scatter_along,
 )
+from dtlab.parallel.tensor.backward_overlap import column_parallel_linear
 
 SEQ_DIM = 1
 """The sequence dimension of the lab GPT's activations ``(batch, sequence, d_model)``."""
@@ -92,6 +93,11 @@ class ColumnParallelLinear(nn.Module):
     caller has entered once for several layers reading the same input (q, k and v) — then a
     local matmul; the output stays sharded along its last dimension. Backward: the entry's
     all-reduce (or reduce-scatter) of ``dL/dX``.
+
+    ``backward_overlap=True`` (it needs ``enters_region=True``: the layer owns its entry) waits
+    for that collective only after the weight-gradient GEMM, so the transfer hides under wgrad
+    (and, with sequence parallelism, the re-gather of the input under dgrad); the gradients are
+    bit-identical (:mod:`~dtlab.parallel.tensor.backward_overlap`).
     """
 
     def __init__(
@@ -102,11 +108,18 @@ class ColumnParallelLinear(nn.Module):
         *,
         sequence_parallel: bool = False,
         enters_region: bool = True,
+        backward_overlap: bool = False,
     ) -> None:
         super().__init__()
+        if backward_overlap and not enters_region:
+            raise ValueError(
+                "backward_overlap=True overlaps the region entry's input-gradient collective "
+                "with this layer's wgrad, so the layer must own the entry: pass "
+                "enters_region=True (or leave backward_overlap off for q/k/v sharing one entry)"
+            )
         self.weight, self.bias = weight, bias
         self.comm, self.sequence_parallel = comm, sequence_parallel
-        self.enters_region = enters_region
+        self.enters_region, self.backward_overlap = enters_region, backward_overlap
 
     @classmethod
     def from_linear(
@@ -116,6 +129,7 @@ class ColumnParallelLinear(nn.Module):
         *,
         sequence_parallel: bool = False,
         enters_region: bool = True,
+        backward_overlap: bool = False,
     ) -> ColumnParallelLinear:
         """This rank's column shard of a full ``linear`` (every rank passes the same one)."""
         weight = nn.Parameter(shard_of(linear.weight, 0, comm, "the layer's output features"))
@@ -123,10 +137,19 @@ class ColumnParallelLinear(nn.Module):
         if linear.bias is not None:
             bias = nn.Parameter(shard_of(linear.bias, 0, comm, "the layer's bias"))
         return cls(
-            weight, bias, comm, sequence_parallel=sequence_parallel, enters_region=enters_region
+            weight,
+            bias,
+            comm,
+            sequence_parallel=sequence_parallel,
+            enters_region=enters_region,
+            backward_overlap=backward_overlap,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backward_overlap:
+            return column_parallel_linear(
+                x, self.weight, self.bias, self.comm, sequence_parallel=self.sequence_parallel
+            )
         if self.enters_region:
             x = enter_region(x, self.comm, self.sequence_parallel)
         return F.linear(x, self.weight, self.bias)
@@ -135,7 +158,8 @@ class ColumnParallelLinear(nn.Module):
         out, inp = self.weight.shape
         return (
             f"in={inp}, out={out} of {out * self.comm.world_size} (rank {self.comm.rank}), "
-            f"enters_region={self.enters_region}, sequence_parallel={self.sequence_parallel}"
+            f"enters_region={self.enters_region}, sequence_parallel={self.sequence_parallel}, "
+            f"backward_overlap={self.backward_overlap}"
         )
 
 

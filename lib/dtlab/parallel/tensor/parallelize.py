@@ -194,8 +194,13 @@ def parallelize_gpt(
     mesh_or_comm,
     sequence_parallel: bool = False,
     collectives: str = "torch",
+    backward_overlap: bool = False,
 ) -> TensorParallel:
     """Shard ``model`` (a :class:`dtlab.models.GPT`) over the tensor-parallel group, in place.
+
+    ``backward_overlap=True``: every MLP's ``fc_in`` and the LM head wait for their
+    input-gradient collective only after their weight-gradient GEMM (bit-identical gradients;
+    :func:`~dtlab.parallel.tensor.blocks.parallelize_block` says why attention's entry does not).
 
     ``mesh_or_comm``: a :class:`dtlab.mesh.Mesh` (its ``tp`` group is used, with
     ``collectives`` — ``"torch"``, or ``"dtlab"`` to count every byte) or a ready
@@ -214,11 +219,13 @@ def parallelize_gpt(
     if sp:
         model.pos_embed = SequenceShardedPositions(model.pos_embed.weight, comm)
     for block in model.blocks:
-        parallelize_block(block, comm, sp)
+        parallelize_block(block, comm, sp, backward_overlap)
     if tied:  # one shard object: the head's rows are the embedding's rows
-        model.lm_head = ColumnParallelLinear(model.embed.weight, None, comm, sequence_parallel=sp)
+        model.lm_head = ColumnParallelLinear(
+            model.embed.weight, None, comm, sequence_parallel=sp, backward_overlap=backward_overlap
+        )
     else:
-        model.lm_head = _vocab_parallel_head(model.lm_head, comm, sp)
+        model.lm_head = _vocab_parallel_head(model.lm_head, comm, sp, backward_overlap)
 
     dims = _shard_dims(model)
     vocab_params = {id(p) for m in (model.embed, model.lm_head) for p in m.parameters()}
@@ -233,11 +240,15 @@ def parallelize_gpt(
     )
 
 
-def _vocab_parallel_head(head: nn.Linear, comm: Communicator, sp: bool) -> ColumnParallelLinear:
+def _vocab_parallel_head(
+    head: nn.Linear, comm: Communicator, sp: bool, backward_overlap: bool = False
+) -> ColumnParallelLinear:
     """An untied LM head split over the vocabulary, padded like the embedding."""
     t, what = comm.world_size, "the LM head's vocabulary"
     weight = nn.Parameter(shard_of(pad_vocab(head.weight, t), 0, comm, what))
     bias = None
     if head.bias is not None:
         bias = nn.Parameter(shard_of(pad_vocab(head.bias, t), 0, comm, what))
-    return ColumnParallelLinear(weight, bias, comm, sequence_parallel=sp)
+    return ColumnParallelLinear(
+        weight, bias, comm, sequence_parallel=sp, backward_overlap=backward_overlap
+    )

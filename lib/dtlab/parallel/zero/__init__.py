@@ -20,13 +20,17 @@ state over the N ranks of the dp group, one piece at a time: optimizer state (st
 7. :mod:`~dtlab.parallel.zero.fsdp_unit` — :class:`FSDPUnit`: one unit's shards at rest, its
    gathered buffer in use, and the reduce-scatter of its gradients (what a unit can do).
 8. :mod:`~dtlab.parallel.zero.fsdp_lifecycle` — the unit's lifecycle as one state machine
-   (SHARDED → PREFETCHING → GATHERED_FOR_FORWARD → … → REDUCING → REDUCED): when it does it.
+   (SHARDED → PREFETCHING → GATHERED_FOR_FORWARD → … → REDUCING → REDUCED): when it does it;
+   its states, events and transition table are :mod:`~dtlab.parallel.zero.fsdp_states`.
 9. :mod:`~dtlab.parallel.zero.fsdp` — :class:`FullyShardedDataParallel`, stage 3: all-gather a
    unit just before forward and again before backward (with prefetch), reduce-scatter its
    gradients as soon as they exist: 1.5× DDP's bytes for 16Ψ/N bytes held.
-10. :mod:`~dtlab.parallel.zero.full_state` — :func:`gather_full_parameters`: whole tensors (and
+    Its knobs: prefetch depth forward and backward, ``reshard_after_forward``.
+10. :mod:`~dtlab.parallel.zero.prefetch` — :func:`measure_fsdp_prefetch`: what those knobs cost
+    and hide, the exposed all-gather per unit and the peak gathered bytes, beside FSDP2's memory.
+11. :mod:`~dtlab.parallel.zero.full_state` — :func:`gather_full_parameters`: whole tensors (and
     the bytes held) back from shards, for saving, logging and tests.
-11. :mod:`~dtlab.parallel.zero.by_stage` — :func:`shard_by_zero_stage`: one model wrapped the way
+12. :mod:`~dtlab.parallel.zero.by_stage` — :func:`shard_by_zero_stage`: one model wrapped the way
     stage 0 (DDP, from :mod:`dtlab.parallel.data`), 1, 2 or 3 holds it, so one loop compares all.
 
 The dp group's communicator, the start-up broadcast, the end-of-backward queue and the bucketing
@@ -50,18 +54,30 @@ from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.zero.master_shards import MasterShardOptimizer
 from dtlab.parallel.zero.optimizer import ZeroOptimizer
 from dtlab.parallel.zero.optimizer_offload import host_buffer, offload_device
+from dtlab.parallel.zero.prefetch import (
+    PrefetchSetting,
+    all_gathers_per_step,
+    forward_peak_gathered_units,
+    fsdp_prefetch_figures,
+    measure_fsdp_prefetch,
+)
 
 __all__ = [
     "FSDPUnit",
     "FlatSegment",
     "FullyShardedDataParallel",
     "MasterShardOptimizer",
+    "PrefetchSetting",
     "ZeroOptimizer",
     "ZeroStageSetup",
+    "all_gathers_per_step",
     "clip_sharded_grad_norm_",
     "default_units",
+    "forward_peak_gathered_units",
+    "fsdp_prefetch_figures",
     "gather_full_parameters",
     "host_buffer",
+    "measure_fsdp_prefetch",
     "offload_device",
     "shard_by_zero_stage",
 ]

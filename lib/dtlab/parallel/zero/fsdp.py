@@ -77,6 +77,13 @@ class FullyShardedDataParallel(nn.Module):
     ``shard(name, param) -> bool`` picks which trainable parameters are sharded (default: all);
     the rest are replicated and all-reduced. ``mixed_precision`` is one policy or a function
     from a unit's module to its policy (see :func:`~dtlab.parallel.norms_in_fp32`).
+
+    ``forward_prefetch`` / ``backward_prefetch``: how many units ahead launch their all-gather
+    (FSDP2's ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` lists;
+    ``prefetch=False`` makes both 0). ``reshard_after_forward=False`` keeps each unit gathered
+    from forward to backward (FSDP2's flag of the same name): no backward all-gather, all the
+    gathered parameters held at the end of forward. What each costs:
+    :func:`~dtlab.parallel.zero.prefetch.measure_fsdp_prefetch`.
     """
 
     def __init__(
@@ -88,6 +95,10 @@ class FullyShardedDataParallel(nn.Module):
         prefetch: bool = True,
         shard: Callable[[str, nn.Parameter], bool] | None = None,
         collectives: str = "torch",
+        *,
+        forward_prefetch: int = 1,
+        backward_prefetch: int = 1,
+        reshard_after_forward: bool = True,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -117,7 +128,14 @@ class FullyShardedDataParallel(nn.Module):
                 )
             for p in unit.params + unit.replicated_compute:
                 p.register_post_accumulate_grad_hook(lambda p, u=unit: self._on_gradient(u))
-        self.lifecycle = FSDPLifecycle(self.units, prefetch, self.finish_gradient_synchronization)
+        self.lifecycle = FSDPLifecycle(
+            self.units,
+            prefetch,
+            self.finish_gradient_synchronization,
+            forward_prefetch=forward_prefetch,
+            backward_prefetch=backward_prefetch,
+            reshard_after_forward=reshard_after_forward,
+        )
 
     @property
     def prefetch(self) -> bool:

@@ -47,96 +47,40 @@ only appears inside a re-run region (reentrant checkpointing ran its forward und
 enters GATHERED_FOR_BACKWARD straight from SHARDED by RECOMPUTE_START. ``no_sync`` changes what
 ALL_GRADIENTS sends (nothing), not the states.
 
+``reshard_after_forward=False`` (FSDP2's flag) adds one state and one event: in a forward with
+gradients, GATHERED_FOR_FORWARD --FORWARD_END_KEEP--> KEPT_FOR_BACKWARD (nothing freed), then
+GRAD_AT_OUTPUT or RECOMPUTE_START --> GATHERED_FOR_BACKWARD without gathering again: one
+all-gather per unit per step instead of two, all units held gathered at the end of forward.
+
 Two rules fall out of the table. A unit is prefetched only from SHARDED: never one already
 gathered or in flight, never one whose gradients are reduced — which is why, between a backward
 and the next training forward (every unit REDUCED), a no-grad forward gathers each unit only
 when it runs. And a re-run inside backward prefetches nothing. Any event not in
 :data:`TRANSITIONS` for the current state is impossible and raises :class:`UnitLifecycleError`
 naming the unit, the state, the event and the unit's last transitions; every transition is
-appended to the machine's ``history``, so a test can read the path a unit took.
+appended to the machine's ``history``, so a test can read the path a unit took. The states,
+events and the table itself are data, in :mod:`~dtlab.parallel.zero.fsdp_states`.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 
 import torch
 
 from dtlab.comm import PendingCollective
 from dtlab.parallel.gradient_sync import queue_end_of_backward
+from dtlab.parallel.zero.fsdp_states import GATHERED_STATES, TRANSITIONS, E, Event, S, UnitState
 from dtlab.parallel.zero.fsdp_unit import FSDPUnit
 
-
-class UnitState(enum.Enum):
-    """Where one unit's parameters are and what its gradients are doing."""
-
-    SHARDED = "shards registered, nothing gathered; gradients not reduced this step"
-    PREFETCHING = "all-gather in flight (launched early to overlap compute); shards registered"
-    GATHERED_FOR_FORWARD = "whole parameters gathered and registered for the forward"
-    GATHERED_FOR_BACKWARD = "whole parameters gathered and registered until gradients reduce"
-    REDUCING = "gradients handed to the reduce-scatter (or kept under no_sync); freed"
-    REDUCED = "averaged gradients in .grad; at rest until the next training forward"
-    GATHERED_BETWEEN_STEPS = "gathered for a no-grad forward after the step's backward"
-
-
-class Event(enum.Enum):
-    """What the wrapper's hooks report about a unit."""
-
-    STEP_START = "a training forward of the wrapper begins"
-    PREFETCH = "a neighbour started: fetch this unit early if it is at rest"
-    FORWARD_START = "the unit's forward begins"
-    FORWARD_END = "the unit's forward returned"
-    RECOMPUTE_START = "the unit's forward begins inside backward (a checkpoint re-run)"
-    RECOMPUTE_END = "the unit's forward returned inside backward"
-    GRAD_AT_OUTPUT = "the gradient reached one of the unit's outputs"
-    ALL_GRADIENTS = "every parameter of the unit has its gradient (or backward ended)"
-    BACKWARD_END = "the backward pass finished: wait for the unit's reductions"
-
-
-S, E = UnitState, Event
-
-TRANSITIONS: dict[tuple[UnitState, Event], UnitState] = {
-    # a training step begins: the gradient count restarts
-    (S.SHARDED, E.STEP_START): S.SHARDED,
-    (S.PREFETCHING, E.STEP_START): S.PREFETCHING,  # a prefetch the last forward never used
-    (S.REDUCED, E.STEP_START): S.SHARDED,
-    # forward
-    (S.SHARDED, E.PREFETCH): S.PREFETCHING,
-    (S.SHARDED, E.FORWARD_START): S.GATHERED_FOR_FORWARD,
-    (S.PREFETCHING, E.FORWARD_START): S.GATHERED_FOR_FORWARD,
-    (S.GATHERED_FOR_FORWARD, E.FORWARD_END): S.SHARDED,
-    # backward: gathered again from the moment the gradient reaches the unit's output
-    (S.SHARDED, E.GRAD_AT_OUTPUT): S.GATHERED_FOR_BACKWARD,
-    (S.PREFETCHING, E.GRAD_AT_OUTPUT): S.GATHERED_FOR_BACKWARD,
-    (S.GATHERED_FOR_BACKWARD, E.GRAD_AT_OUTPUT): S.GATHERED_FOR_BACKWARD,  # another output
-    (S.REDUCING, E.GRAD_AT_OUTPUT): S.REDUCING,  # its gradients already left: nothing to do
-    (S.REDUCED, E.GRAD_AT_OUTPUT): S.REDUCED,  # a second backward through a retained graph
-    # activation checkpointing re-runs the unit's forward inside backward
-    (S.SHARDED, E.RECOMPUTE_START): S.GATHERED_FOR_BACKWARD,
-    (S.PREFETCHING, E.RECOMPUTE_START): S.GATHERED_FOR_BACKWARD,
-    (S.GATHERED_FOR_BACKWARD, E.RECOMPUTE_START): S.GATHERED_FOR_BACKWARD,
-    (S.GATHERED_FOR_BACKWARD, E.RECOMPUTE_END): S.GATHERED_FOR_BACKWARD,
-    # reduction (from SHARDED or PREFETCHING only at the end of backward: no gradient came)
-    (S.GATHERED_FOR_BACKWARD, E.ALL_GRADIENTS): S.REDUCING,
-    (S.SHARDED, E.ALL_GRADIENTS): S.REDUCING,
-    (S.PREFETCHING, E.ALL_GRADIENTS): S.REDUCING,
-    (S.REDUCING, E.BACKWARD_END): S.REDUCED,
-    (S.REDUCED, E.BACKWARD_END): S.REDUCED,  # a second backward through a retained graph
-    # a no-grad forward between a backward and the next training forward
-    (S.REDUCED, E.FORWARD_START): S.GATHERED_BETWEEN_STEPS,
-    (S.GATHERED_BETWEEN_STEPS, E.FORWARD_END): S.REDUCED,
-    # a step an exception interrupted: the next forward carries on with what is gathered
-    (S.GATHERED_FOR_FORWARD, E.FORWARD_START): S.GATHERED_FOR_FORWARD,
-    (S.GATHERED_FOR_FORWARD, E.STEP_START): S.GATHERED_FOR_FORWARD,
-    (S.GATHERED_BETWEEN_STEPS, E.FORWARD_START): S.GATHERED_BETWEEN_STEPS,
-    (S.GATHERED_BETWEEN_STEPS, E.STEP_START): S.GATHERED_FOR_FORWARD,
-    (S.GATHERED_FOR_BACKWARD, E.STEP_START): S.GATHERED_FOR_FORWARD,
-    (S.REDUCING, E.STEP_START): S.SHARDED,  # its launched reductions finish at the next end
-}
-"""Every possible (state, event) and the state it leads to; anything else raises."""
-
-_GATHERED = (S.GATHERED_FOR_FORWARD, S.GATHERED_FOR_BACKWARD, S.GATHERED_BETWEEN_STEPS)
+__all__ = [
+    "TRANSITIONS",
+    "Event",
+    "FSDPLifecycle",
+    "UnitLifecycle",
+    "UnitLifecycleError",
+    "UnitState",
+]
 
 
 class UnitLifecycleError(RuntimeError):
@@ -186,7 +130,7 @@ class UnitLifecycle:
             if self.prefetched is not None:
                 self.prefetched.wait()
                 self.prefetched = None
-        elif before not in _GATHERED:
+        elif before not in GATHERED_STATES:
             self.unit.launch_gather(async_op=False)
 
     # -- events ----------------------------------------------------------------------------------
@@ -205,7 +149,13 @@ class UnitLifecycle:
         self._gathered_from(self._move(E.FORWARD_START))
         self.unit.register(sharded=False)
 
-    def on_forward_end(self) -> None:
+    def on_forward_end(self, keep: bool = False) -> None:
+        """Free the gathered parameters, or with ``keep`` (``reshard_after_forward=False`` in a
+        forward with gradients) hold them until backward, which then gathers nothing."""
+        if keep and self.state is S.GATHERED_FOR_FORWARD:
+            self._move(E.FORWARD_END_KEEP)
+            self.unit.register(sharded=True)
+            return
         self._move(E.FORWARD_END)
         self.unit.register(sharded=True)
         self.unit.free()
@@ -250,20 +200,63 @@ class FSDPLifecycle:
 
     The wrapper's hooks call one method each. ``end_of_backward`` is queued on the autograd
     engine when the first gradient reaches a unit's output (it must call :meth:`backward_end`).
+
+    Prefetch depth: when a unit starts its forward, the next ``forward_prefetch`` units in
+    forward order launch their all-gathers (if at rest); when a unit is gathered for backward,
+    the next ``backward_prefetch`` units in backward order do. Depth ``d`` holds up to ``d + 1``
+    gathered units at once (``d`` in flight, one computing) — more memory, and more time for
+    each gather to hide; ``prefetch=False`` is depth 0 both ways. ``reshard_after_forward=False``
+    keeps every unit gathered from its forward to its backward: no backward all-gather (2 instead
+    of 3 transfers of Ψ per step) for holding all the gathered parameters at the end of forward.
+    ``peak_gathered_bytes`` is the largest sum of gathered buffers seen after any event since
+    :meth:`reset_peak` (counted from the buffers' storages).
     """
 
     def __init__(
-        self, units: list[FSDPUnit], prefetch: bool, end_of_backward: Callable[[], None]
+        self,
+        units: list[FSDPUnit],
+        prefetch: bool,
+        end_of_backward: Callable[[], None],
+        *,
+        forward_prefetch: int = 1,
+        backward_prefetch: int = 1,
+        reshard_after_forward: bool = True,
     ) -> None:
+        if forward_prefetch < 0 or backward_prefetch < 0:
+            raise ValueError(
+                f"prefetch depths must be 0 or more units, got forward={forward_prefetch}, "
+                f"backward={backward_prefetch}"
+            )
         self.units = [UnitLifecycle(u) for u in units]
         self.prefetch = prefetch
+        self.forward_prefetch, self.backward_prefetch = forward_prefetch, backward_prefetch
+        self.reshard_after_forward = reshard_after_forward
         self.sync = True  # False inside the wrapper's no_sync(): reductions are kept, not sent
         self.in_backward = False
         self._end_of_backward = end_of_backward
+        self.peak_gathered_bytes = 0
 
-    def _prefetch(self, index: int) -> None:
-        if self.prefetch and 0 <= index < len(self.units):
-            self.units[index].on_prefetch()
+    def gathered_bytes(self) -> int:
+        """Bytes of gathered parameter buffers this rank holds right now."""
+        return sum(m.unit.held_bytes()["gathered"] for m in self.units)
+
+    def reset_peak(self) -> None:
+        self.peak_gathered_bytes = self.gathered_bytes()
+
+    def _note_peak(self) -> None:
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes())
+
+    def _prefetch(self, order: list[int]) -> None:
+        if self.prefetch:
+            for index in order:
+                self.units[index].on_prefetch()
+        self._note_peak()
+
+    def _backward_order_after(self, index: int) -> list[int]:
+        """The units backward reaches after ``index``: the root (0) first, then L-1, ..., 1."""
+        order = [0, *range(len(self.units) - 1, 0, -1)]
+        at = order.index(index)
+        return order[at + 1 : at + 1 + self.backward_prefetch]
 
     def step_start(self) -> None:
         """The wrapper's forward with gradients enabled: a training step begins."""
@@ -276,7 +269,8 @@ class FSDPLifecycle:
             self.units[index].on_recompute_start()
         else:
             self.units[index].on_forward_start()
-            self._prefetch(index + 1)
+            last = min(index + 1 + self.forward_prefetch, len(self.units))
+            self._prefetch(list(range(index + 1, last)))
 
     def forward_end(self, index: int) -> bool:
         """Returns whether the gradients of the unit's outputs are to be watched
@@ -284,7 +278,8 @@ class FSDPLifecycle:
         if self.in_backward:
             self.units[index].on_recompute_end()
             return False
-        self.units[index].on_forward_end()
+        keep = not self.reshard_after_forward and torch.is_grad_enabled()
+        self.units[index].on_forward_end(keep)
         return torch.is_grad_enabled()
 
     def grad_at_output(self, index: int) -> None:
@@ -294,7 +289,7 @@ class FSDPLifecycle:
         machine = self.units[index]
         machine.on_grad_at_output()
         if machine.state is S.GATHERED_FOR_BACKWARD:  # backward runs the units in reverse
-            self._prefetch(len(self.units) - 1 if index == 0 else index - 1)
+            self._prefetch(self._backward_order_after(index))
 
     def gradient(self, index: int) -> None:
         self.units[index].on_gradient(self.sync)
