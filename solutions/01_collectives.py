@@ -15,7 +15,9 @@
 # 4. the identity *all-reduce = reduce-scatter + all-gather*, in bytes;
 # 5. measured bandwidth against the fitted model; latency-bound vs bandwidth-bound sizes;
 # 6. why NCCL is topology-aware: the hierarchical all-reduce on a rail-optimised two-tier model;
-# 7. why a BF16 all-reduce is not exact, measured on the ranks.
+# 7. why a BF16 all-reduce is not exact, measured on the ranks;
+# 8. past the ring: one-shot and two-shot all-reduce, the switch that adds (NVLS, SHARP), ECMP
+#    collisions, collectives over two levels, and a network checklist.
 
 # %%
 import itertools
@@ -28,6 +30,8 @@ import dtlab
 import dtlab.viz
 from dtlab import collectives as C
 from dtlab.bench.collectives import run_sweep, summarize
+from dtlab.cli.doctor import format_report
+from dtlab.cli.doctor_network import network_report
 from dtlab.collectives.reduction_precision import measure_reduction_errors, reduction_error_table
 from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
 from dtlab.config import fast_mode
@@ -36,9 +40,13 @@ from dtlab.cost import (
     TwoTierCluster,
     bytes_sent_per_rank,
     collective_time,
+    crossover_bytes,
     flat_ring_all_reduce_time,
     hierarchical_all_reduce_time,
 )
+from dtlab.cost.ecmp import ecmp_collisions, expected_idle_share
+from dtlab.cost.nccl_protocols import in_network_busbw
+from dtlab.cost.two_level import nodes_where_network_limits, two_level_all_gather
 from dtlab.quiz import ask, check_exercise
 from dtlab.runtime.devices import visible_gpu_count
 
@@ -429,9 +437,12 @@ for nics in (8, 1):
 #
 # One kind of desynchronisation need not hang at all: ranks that reach the *same* collective
 # with *different* sizes. Before it moves any data, every collective in `dtlab.collectives`
-# all-gathers a small descriptor of the call (a control message: drawn as its own span, not
-# counted in the bytes above), so every rank fails at once with the sizes in the message. Below, rank `r` all-reduces `1000 + r` elements. Look for: an error, not a
-# ten-minute wait, naming each rank's length.
+# checks its call against every rank's: one tiny all-reduce of a 62-bit digest of the call
+# (lengths, dtype, op, algorithm), and only when the digests differ an all-gather of the full
+# descriptors, which names every rank's value. Both are control messages (drawn as their own
+# spans, not counted in the bytes above); the agreed case costs ~0.2–1 ms on these CPU ranks,
+# 1–3 % of a 16 MiB ring (`dtlab bench collectives` prints it). Below, rank `r` all-reduces
+# `1000 + r` elements. Look for: an error, not a ten-minute wait, naming each rank's length.
 
 
 # %%
@@ -536,7 +547,247 @@ dtlab.viz.describe(
 ask("data_parallel.bf16_reduction_not_exact")
 
 # %% [markdown]
-# ## 10. Check your understanding
+# ## 10. Beyond the ring: peer memory, the switch, and the fabric <a id="fabric"></a>
+#
+# The ring is bandwidth-optimal but pays `2(N-1)` latencies. Inside an NVSwitch node every GPU
+# can read every other GPU's memory directly ("symmetric memory"), and two shorter schedules
+# appear. **One-shot**: every rank takes every peer's whole buffer and adds all `N` itself —
+# one step, `(N-1)·M` bytes per rank. **Two-shot**: rank `j` takes chunk `j` of every buffer and
+# adds them (a direct reduce-scatter), then hands its summed chunk to every peer — two steps,
+# the ring's `2(N-1)/N·M` bytes. PyTorch's symmetric-memory ops (`one_shot_all_reduce`,
+# `two_shot_all_reduce_`) and inference engines' custom all-reduces (vLLM, TensorRT-LLM, SGLang)
+# use them for the small tensor-parallel all-reduces of decoding, and call NCCL above a size
+# cap. Below they run on the ranks, built from the same counted point-to-point messages.
+#
+# Look for: the same result as the ring; one-shot's bytes `N/2` times the ring's in `N-1`
+# messages, two-shot's equal to the ring's in `2(N-1)` messages.
+
+
+# %%
+def one_shot_two_shot_and_ring():
+    x = (torch.arange(1200.0) % 7) * (dtlab.rank() + 1)
+    row = {}
+    for label, run in (
+        ("ring", lambda t: C.all_reduce(t, algorithm="ring")),
+        ("one_shot", lambda t: C.peer_all_reduce(t, algorithm="one_shot")),
+        ("two_shot", lambda t: C.peer_all_reduce(t, algorithm="two_shot")),
+    ):
+        with C.counting() as moved:
+            result = run(x.clone())
+        row[label] = (result, moved.bytes_sent, moved.messages_sent)
+    return row
+
+
+shots = cluster.run(one_shot_two_shot_and_ring)[0]
+for label, (result, sent, messages) in shots.items():
+    formula = bytes_sent_per_rank("all_reduce", label, 1200 * 4, WORLD_SIZE)[0]
+    print(
+        f"{label:>9}: same as ring {torch.equal(result, shots['ring'][0])}; "
+        f"{sent:>6} B in {messages} messages (formula {formula:.0f} B)"
+    )
+
+# %% [markdown]
+# ### Exercise: two-shot all-reduce <a id="exercise-two-shot"></a>
+#
+# Write `two_shot_all_reduce(tensor)`: sum `tensor` over all ranks, in place, in **two** steps of
+# point-to-point messages. Step 1: send chunk `j` (`torch.tensor_split(flat, n)[j]`) to rank `j`,
+# receive every peer's copy of your own chunk, and add them. Step 2: send your summed chunk to
+# every peer and receive theirs into place. The grader counts your bytes peer by peer: rank `r`
+# must send peer `p` exactly chunk `p` plus its own summed chunk — a ring (neighbours only) or a
+# one-shot (the whole buffer to everyone) gets the sum right and fails.
+
+
+# %%
+def two_shot_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over every rank in place: a direct reduce-scatter, then a direct all-gather."""
+    # BEGIN SOLUTION
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    peers = [p for p in range(n) if p != rank]
+
+    def exchange(sends, recvs):
+        ops = [dist.P2POp(dist.isend, t, p) for p, t in sends]
+        ops += [dist.P2POp(dist.irecv, t, p) for p, t in recvs]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    if chunks[rank].numel():
+        inbox = {p: torch.empty_like(chunks[rank]) for p in peers}
+        exchange([(p, chunks[p]) for p in peers if chunks[p].numel()], list(inbox.items()))
+        for p in peers:
+            chunks[rank].add_(inbox[p])
+    else:
+        exchange([(p, chunks[p]) for p in peers if chunks[p].numel()], [])
+    exchange(
+        [(p, chunks[rank]) for p in peers if chunks[rank].numel()],
+        [(p, chunks[p]) for p in peers if chunks[p].numel()],
+    )
+    return tensor
+    # END SOLUTION
+
+
+# %%
+check_exercise("collectives.two_shot_all_reduce", two_shot_all_reduce, cluster)
+
+# %% [markdown]
+# Which one when? Price them with `α + (N-1)·M·β` (one-shot), `2α + 2(N-1)/N·M·β` (two-shot)
+# and the ring's `2(N-1)(α + M/N·β)` on an NVLink 4 link (`α` = 2 µs, 450 GB/s) for 8 GPUs.
+# Look for: one-shot fastest for the smallest buffers (one latency), two-shot in the middle, and
+# the ring's extra latencies mattering less and less as the β-term takes over. The model never
+# lets two-shot lose to the ring (same bytes, fewer steps); in practice reading seven peers at
+# once takes SMs from compute and needs a copy into a registered buffer, which is why engines
+# cap it.
+
+# %%
+nvlink = Link(alpha_s=2e-6, bandwidth_bytes_per_s=450e9, name="NVLink 4")
+shot_sizes = [2**k for k in range(10, 31)]
+shot_figure = go.Figure()
+for label in ("one_shot", "two_shot", "ring"):
+    times = [collective_time("all_reduce", label, m, 8, nvlink) * 1e6 for m in shot_sizes]
+    shot_figure.add_scatter(x=shot_sizes, y=times, name=label, mode="lines")
+one_vs_ring = crossover_bytes("all_reduce", "one_shot", "ring", 8, nvlink)
+one_vs_two = crossover_bytes("all_reduce", "one_shot", "two_shot", 8, nvlink)
+shot_figure.update_layout(
+    title=f"8 GPUs on NVLink 4: one-shot wins below {one_vs_two / 1e3:.0f} KB "
+    f"(beats the ring below {one_vs_ring / 1e6:.1f} MB)",
+    xaxis={"type": "log", "title": "all-reduce size (bytes)"},
+    yaxis={"type": "log", "title": "α-β time (µs)"},
+)
+shot_figure
+
+# %% [markdown]
+# **In-network reduction.** With NVLS (NVLink SHARP) or SHARP in InfiniBand switches, the
+# *switch* adds. Each GPU sends its buffer once to be summed and gets its `1/N` slice of the
+# sum back, then writes that slice once and the switch multicasts it to all: `(1 + 1/N)·M`
+# each way per GPU, in two steps. Below, rank 3 plays the switch for three "GPUs"
+# (`C.switch_all_reduce`). Look for: the counted bytes equal to `(1 + 1/3)·M` — at `N = 3`
+# exactly the ring's `2(N-1)/N·M`; the saving starts at `N = 4` and tends to half. nccl-tests
+# still prints busbw with the ring's factor, so it over-states what the wire carries by
+# `2(N-1)/(N+1)` (1.56× at 8 GPUs); the last line reads a run that takes 3.6 ms for 1 GB on
+# 8 H100s.
+
+
+# %%
+def through_the_switch():
+    x = torch.ones(1200) * (dtlab.rank() + 1)
+    with C.counting() as moved:
+        C.switch_all_reduce(x, switch=WORLD_SIZE - 1)
+    return x[0].item(), moved.bytes_sent, moved.bytes_received
+
+
+gpus = WORLD_SIZE - 1
+for rank, (value, sent, received) in enumerate(cluster.run(through_the_switch)[:gpus]):
+    print(
+        f"GPU {rank}: sum {value:.0f}; sent {sent} B, received {received} B; "
+        f"(1 + 1/N)·M = {(1 + 1 / gpus) * 4800:.0f} B; ring 2(N-1)/N·M = "
+        f"{2 * (gpus - 1) / gpus * 4800:.0f} B"
+    )
+for n in (4, 8, 72):
+    print(
+        f"N = {n:>2}: busbw over-states the NVLS wire by 2(N-1)/(N+1) = {2 * (n - 1) / (n + 1):.2f}×"
+    )
+nvls = in_network_busbw(1e9, 3.6e-3, 8)
+print(
+    f"1 GB in 3.6 ms on 8 GPUs: algbw {nvls['algbw'] / 1e9:.0f}, busbw {nvls['busbw'] / 1e9:.0f}, "
+    f"on each GPU's wire {nvls['sent_per_gpu'] / 1e9:.0f} GB/s (NVLink 4 carries 450)"
+)
+
+# %% [markdown]
+# **ECMP and flow collisions.** Between leaf and spine a switch spreads flows over its equal
+# uplinks by hashing each flow's header (ECMP). A collective has a few elephant flows — one per
+# queue pair, each as fast as a NIC — and eight flows hashed onto eight uplinks collide like balls
+# in bins: on average `(7/8)^8 ≈ 34 %` of the links idle while the busiest carries ~2.6 flows,
+# and the step waits for the flows sharing it. The simulation below places 8 flows 2000 times.
+# Look for: the fixes — more queue pairs per connection (each flow split into 4 hashed parts),
+# adaptive routing (least-loaded uplink), rail-aligned placement (and NCCL's PXN, which moves
+# data over NVLink to the GPU on the destination's rail first) — each cutting the slowdown.
+
+# %%
+scenarios = {
+    "ECMP hash, 1 QP": ecmp_collisions(8, 8),
+    "ECMP hash, 4 QPs": ecmp_collisions(8, 8, subflows_per_flow=4),
+    "adaptive routing": ecmp_collisions(8, 8, placement="adaptive"),
+    "rail-aligned / PXN": ecmp_collisions(8, 8, placement="rail"),
+}
+for label, result in scenarios.items():
+    print(
+        f"{label:>19}: idle uplinks {result.idle_share:5.1%}, busiest carries "
+        f"{result.busiest_load:.2f} flows, step {result.slowdown:.2f}× slower than ideal"
+    )
+print(f"balls in bins: (1 - 1/8)^8 = {expected_idle_share(8, 8):.1%} idle expected")
+ecmp_figure = go.Figure(
+    [
+        go.Bar(x=list(scenarios), y=[r.slowdown for r in scenarios.values()], name="slowdown"),
+        go.Bar(x=list(scenarios), y=[r.idle_share for r in scenarios.values()], name="idle share"),
+    ]
+)
+ecmp_figure.update_layout(
+    title="8 elephant flows on 8 uplinks: hashing leaves a third idle and doubles the busiest",
+    barmode="group",
+    yaxis={"title": "slowdown (×) / idle share"},
+)
+ecmp_figure
+
+# %% [markdown]
+# **Two levels.** A collective across nodes runs one collective per level: an all-gather of
+# `M` moves `(k-1)/k · M/g` through each NIC (its rail's share) and `(g-1)/g · M` over NVLink.
+# One level after the other costs the sum; streamed in segments the slower level paces the
+# pipeline and the cost tends to the **maximum**. Which level is slower depends on the node
+# count: the network's share `(k-1)/k` grows with `k`, NVLink's does not. Look for: NVLink
+# limiting at 2 nodes, the network at 32, and the switch at 5 nodes for H100s with a NIC per GPU.
+
+# %%
+level_nodes = [2, 3, 4, 5, 8, 16, 32]
+level_rows = {k: two_level_all_gather(1 << 30, TwoTierCluster(k, 8)) for k in level_nodes}
+for k in (2, 32):
+    t = level_rows[k]
+    print(
+        f"{k:>2} nodes, 1 GiB all-gather: NVLink {t.intra_s * 1e3:.2f} ms, network "
+        f"{t.inter_s * 1e3:.2f} ms → sequential {t.sequential_s * 1e3:.2f}, pipelined "
+        f"{t.pipelined_s * 1e3:.2f} ms; {t.limiting_level} limits"
+    )
+print("network limits from", nodes_where_network_limits("all_gather", 1 << 30), "nodes on")
+level_figure = go.Figure()
+level_figure.add_scatter(
+    x=level_nodes, y=[level_rows[k].intra_s * 1e3 for k in level_nodes], name="NVLink level"
+)
+level_figure.add_scatter(
+    x=level_nodes, y=[level_rows[k].inter_s * 1e3 for k in level_nodes], name="network level"
+)
+level_figure.update_layout(
+    title="1 GiB all-gather over 8-GPU nodes: the network level overtakes NVLink at 5 nodes",
+    xaxis={"type": "log", "title": "nodes"},
+    yaxis={"title": "time of the level (ms)"},
+)
+level_figure
+
+# %% [markdown]
+# **A network checklist.** When a multi-node job is slow or hangs, check the plumbing before the
+# algorithm: which network interface the backend uses, whether the host name resolves to
+# loopback, the RDMA ports, GPUDirect's `nvidia_peermem`, and `nvidia-smi topo -m`.
+# `dtlab doctor --network` runs these checks; each says what it found and what to change, and
+# `n/a` where it cannot check on this machine (a laptop has no RDMA NIC or GPU topology to read).
+
+# %%
+print(format_report(network_report()))
+
+# %%
+ask("nccl.one_shot_crossover")
+
+# %%
+ask("nccl.nvls_saves_from")
+
+# %%
+ask("hardware.ecmp_idle_share")
+
+# %%
+ask("hardware.two_level_limit_nodes")
+
+# %%
+ask("hardware.network_checklist_first")
+
+# %% [markdown]
+# ## 11. Check your understanding
 
 # %%
 ask("collectives.ring_bytes_per_rank")
@@ -563,7 +814,7 @@ ask("data_parallel.ring_vs_tree_rounding")
 ask("collectives.nccl_timeout")
 
 # %% [markdown]
-# ## 11. Shut the cluster down
+# ## 12. Shut the cluster down
 
 # %%
 cluster.close()

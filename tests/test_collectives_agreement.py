@@ -1,7 +1,8 @@
 """Ranks that disagree fail at once, on every rank, with the sizes in the message — never a hang.
 
-Every public collective first all-gathers a descriptor of the call (a control message, not
-counted in ``comm_stats``). These tests give one rank a different length, root, dtype,
+Every public collective first all-reduces a digest of its call, and all-gathers the full
+descriptors only when the digests differ or the collective needs every rank's counts (control
+messages, not counted in ``comm_stats``). These tests give one rank a different length, root, dtype,
 algorithm or split and check that *every* rank raises ``CollectiveMismatch`` naming the ranks
 and their values, that the group is still in step afterwards, and that the check leaves the
 payload's byte counts alone. Also: all-to-all splits given as tensors (``torch.bincount``).
@@ -186,3 +187,71 @@ def test_descriptors_reach_every_rank_at_any_world_size(n):
     for gathered, error in simulate(n, body):
         assert gathered == want
         assert f"ranks {list(range(n - 1))}: 3; rank {n - 1}: 4" in error
+
+
+# -- the check's rounds ---------------------------------------------------------------------------
+def _one_call_of_each() -> None:
+    import dtlab
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    calls = {
+        "all_reduce": lambda: C.all_reduce(torch.ones(6)),
+        "broadcast": lambda: C.broadcast(torch.ones(6), 0),
+        "all_gather with sizes": lambda: C.all_gather(torch.ones(2 + rank), sizes=[2, 3][:n]),
+        "all_gather without sizes": lambda: C.all_gather(torch.ones(2)),
+        "all_to_all": lambda: C.all_to_all(torch.ones(n, 2)),
+    }
+    for label, call in calls.items():
+        with dtlab.trace.labels(call=label):
+            call()
+
+
+def test_ranks_that_agree_pay_one_digest_round_unless_they_need_each_others_counts(cluster2):
+    spans = cluster2.run(_one_call_of_each).trace.spans
+    for rank in (0, 1):
+        checks = [s for s in spans if s.rank == rank and s.name.endswith("check (control)")]
+        rounds = {}
+        for s in checks:
+            rounds[s.labels["call"]] = rounds.get(s.labels["call"], 0) + 1
+        assert rounds == {
+            "all_reduce": 1,
+            "broadcast": 1,
+            "all_gather with sizes": 1,
+            "all_gather without sizes": 2,
+            "all_to_all": 2,
+        }
+
+
+def test_a_chunk_that_contradicts_sizes_sends_everyone_to_the_full_round():
+    """Rank 1's chunk has 3 elements where every rank's ``sizes`` says 2: its digest is
+    NO_DIGEST, so every rank gathers the descriptors and names the lengths."""
+
+    def body():
+        rank = rank_of_simulation()
+        try:
+            C.all_gather(torch.ones(3 if rank == 1 else 2), sizes=[2, 2, 2])
+        except C.CollectiveMismatch as error:
+            return str(error)
+        return "no error"
+
+    for message in simulate(3, body):
+        assert "chunks have [2, 3, 2] elements" in message
+        assert "pass sizes=[2, 3, 2]" in message
+
+
+def test_the_digest_is_the_same_number_in_every_process_and_differs_by_any_field():
+    from dtlab.collectives.agreement import CallDescriptor, digest
+
+    call = CallDescriptor("all_reduce", "ring", torch.float32, 1000, op="sum")
+    assert digest(call, 4) == digest(
+        CallDescriptor("all_reduce", "ring", torch.float32, 1000, op="sum"), 4
+    )
+    assert 0 <= digest(call, 4) < 2**62
+    others = [
+        CallDescriptor("all_reduce", "ring", torch.float32, 1001, op="sum"),
+        CallDescriptor("all_reduce", "naive", torch.float32, 1000, op="sum"),
+        CallDescriptor("all_reduce", "ring", torch.float64, 1000, op="sum"),
+        CallDescriptor("all_reduce", "ring", torch.float32, 1000, op="max"),
+        CallDescriptor("broadcast", "ring", torch.float32, 1000, op="sum"),
+    ]
+    assert len({digest(c, 4) for c in [call, *others]}) == 6

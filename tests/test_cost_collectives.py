@@ -126,6 +126,32 @@ def test_summary_fits_the_link_and_finds_the_crossover():
     assert measured_crossover(records, "ring", "recursive_doubling") is not None
 
 
+def test_summary_reports_the_check_cost_and_iteration_paired_ratios():
+    """The agreement check is a measured line of its own, left out of the fit, and the ring's
+    ratio to the built-in comes with its range over iterations that ran back to back."""
+    from dtlab.bench.collectives import CHECK
+
+    m = 16 << 20
+    ring = BenchRecord(
+        "all_reduce", "ring", 2, "gloo", m, 0.010, 0, 0, 3, 0.009, [0.010, 0.009, 0.020]
+    )
+    torch_ = BenchRecord(
+        "all_reduce", "torch", 2, "gloo", m, 0.012, 0, 0, 3, 0.010, [0.012, 0.010, 0.010]
+    )
+    check = BenchRecord("all_reduce", CHECK, 2, "gloo", m, 0.0004, 0, 0, 3, 0.0003, [4e-4] * 3)
+    tree = BenchRecord("all_reduce", "binary_tree", 2, "gloo", m, 0.030, 0, 0, 3)
+    entry = summarize([ring, torch_, check, tree])[2]
+    paired = entry["ring_vs_builtin_paired"][m]
+    assert paired == {
+        "median": pytest.approx(10 / 9),
+        "min": pytest.approx(0.5),
+        "max": pytest.approx(1.2),
+    }
+    assert entry["check_ms"] == {m: pytest.approx(0.4)}
+    assert entry["check_share"] == {m: pytest.approx(0.04)}
+    assert entry["ring_vs_builtin"][m] == pytest.approx(1.2)
+
+
 def test_bandwidth_curve_draws_measured_and_model_lines():
     from dtlab.viz import bandwidth_curve
 

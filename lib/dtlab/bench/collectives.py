@@ -11,7 +11,13 @@ iterations after warm-up. ``algbw``/``busbw`` follow nccl-tests (:mod:`dtlab.cos
 α and β are fitted jointly to all our algorithms' times (:func:`dtlab.cost.fit.fit_alpha_beta_jointly`),
 and the summary reports
 
-* ``ring_vs_builtin``: our ring all-reduce's busbw ÷ the built-in all-reduce's, per size ≥ 16 MiB;
+* ``ring_vs_builtin``: our ring all-reduce's busbw ÷ the built-in all-reduce's, per size ≥ 16 MiB
+  (ratio of the medians), and ``ring_vs_builtin_paired``: the same ratio iteration by iteration
+  (the two ran back to back), as median, min and max — the range a noisy host allows;
+* ``check``: what the call-agreement check (:mod:`dtlab.collectives.agreement`) costs — it is timed
+  alone, interleaved with the rest, on the ring's own descriptor (a record with algorithm
+  ``"check"``; its bandwidth columns are zero, it moves no payload), and ``check_share`` is its
+  median over the ring's median time;
 * ``crossover``: the size below which recursive doubling / the binary tree beat the ring —
   measured, and predicted from the fitted link.
 
@@ -33,6 +39,7 @@ from dtlab.cost.collectives import collective_time, crossover_bytes
 from dtlab.cost.fit import fit_alpha_beta_jointly
 
 BUILTIN = "torch"
+CHECK = "check"  # the agreement check alone: timed like a collective, reported as a cost
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -50,6 +57,7 @@ class BenchRecord:
     busbw_gbps: float
     iterations: int
     best_seconds: float | None = None  # fastest iteration: steadier than the median on a busy host
+    samples: list[float] | None = None  # every iteration's time, in order (paired across calls)
 
 
 def default_sizes(fast: bool) -> list[int]:
@@ -59,7 +67,9 @@ def default_sizes(fast: bool) -> list[int]:
     return [KIB * 2**k for k in range(17)]
 
 
-def _calls_for(op: str, algorithms: Sequence[str], nbytes: int, n: int, dev) -> tuple[int, dict]:
+def _calls_for(
+    op: str, algorithms: Sequence[str], nbytes: int, n: int, dev, time_check: bool = False
+) -> tuple[int, dict]:
     """Buffers of ``nbytes`` (fp32, a multiple of ``n`` elements) and a zero-argument call per
     algorithm plus the built-in, all reusing the same buffers."""
     import torch
@@ -92,11 +102,22 @@ def _calls_for(op: str, algorithms: Sequence[str], nbytes: int, n: int, dev) -> 
     args, kwargs = arguments[op]
     calls = {a: partial(collectives.ALGORITHMS[op][a], *args, **kwargs) for a in algorithms}
     calls[BUILTIN] = builtins[op]
+    if time_check and op == "all_reduce" and "ring" in algorithms:
+        from dtlab.collectives.agreement import CallDescriptor, check_agreement
+        from dtlab.collectives.p2p import peers_of
+
+        ring_call = CallDescriptor("all_reduce", "ring", x.dtype, x.numel(), op="sum")
+        calls[CHECK] = partial(check_agreement, peers_of(None), ring_call, dev)
     return elements, calls
 
 
 def _measure_on_rank(
-    op: str, algorithms: Sequence[str], sizes: Sequence[int], iters: int, warmup: int
+    op: str,
+    algorithms: Sequence[str],
+    sizes: Sequence[int],
+    iters: int,
+    warmup: int,
+    time_check: bool = False,
 ) -> list[tuple[str, int, float, float]]:
     """Runs on every rank: median over iterations of the slowest rank's time, per algorithm/size."""
     import torch
@@ -108,7 +129,7 @@ def _measure_on_rank(
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     results = []
     for nbytes in sizes:
-        elements, calls = _calls_for(op, algorithms, nbytes, n, dev)
+        elements, calls = _calls_for(op, algorithms, nbytes, n, dev, time_check)
         times: dict[str, list[float]] = {a: [] for a in calls}
         for i in range(warmup + iters):
             for name, call in calls.items():
@@ -124,7 +145,9 @@ def _measure_on_rank(
                 if i >= warmup:
                     times[name].append(float(slowest.item()))
         for name, measured in times.items():
-            results.append((name, elements * 4, statistics.median(measured), min(measured)))
+            results.append(
+                (name, elements * 4, statistics.median(measured), min(measured), measured)
+            )
     return results
 
 
@@ -136,9 +159,11 @@ def run_sweep(
     sizes: Sequence[int] | None = None,
     iters: int = 7,
     warmup: int = 2,
+    time_check: bool = False,
 ) -> list[BenchRecord]:
     """Measure ``op`` by each of ``algorithms`` (default: all) and the built-in, on ``cluster``
-    (or a fresh one of ``world_size`` ranks). Returns one :class:`BenchRecord` per point."""
+    (or a fresh one of ``world_size`` ranks). Returns one :class:`BenchRecord` per point;
+    ``time_check=True`` (an all-reduce sweep with the ring) adds the agreement check's records."""
     from dtlab import collectives
     from dtlab.config import fast_mode
 
@@ -155,7 +180,7 @@ def run_sweep(
 
         cluster = Cluster(world_size)
     try:
-        raw = cluster.run(_measure_on_rank, op, algorithms, sizes, iters, warmup)[0]
+        raw = cluster.run(_measure_on_rank, op, algorithms, sizes, iters, warmup, time_check)[0]
         backend = cluster.run(lambda: __import__("torch").distributed.get_backend())[0]
         n = cluster.world_size
     finally:
@@ -169,12 +194,13 @@ def run_sweep(
             backend,
             nbytes,
             seconds,
-            algbw(nbytes, seconds) / 1e9,
-            busbw(op, nbytes, seconds, n) / 1e9,
+            0.0 if name == CHECK else algbw(nbytes, seconds) / 1e9,
+            0.0 if name == CHECK else busbw(op, nbytes, seconds, n) / 1e9,
             iters,
             best,
+            samples,
         )
-        for name, nbytes, seconds, best in raw
+        for name, nbytes, seconds, best, samples in raw
     ]
 
 
@@ -186,7 +212,7 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
         by = {(r.algorithm, r.nbytes): r for r in mine}
         entry: dict = {}
         ops = {r.op for r in mine}
-        ours = [r for r in mine if r.algorithm != BUILTIN]
+        ours = [r for r in mine if r.algorithm not in (BUILTIN, CHECK)]
         if len(ours) >= 2:
             link = fit_alpha_beta_jointly(
                 [(r.op, r.algorithm, n, r.nbytes, r.seconds) for r in ours], f"fitted, {n} ranks"
@@ -209,6 +235,15 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
                 for size in large
                 if by[(BUILTIN, size)].best_seconds and by[("ring", size)].best_seconds
             }
+            entry["ring_vs_builtin_paired"] = {
+                size: paired_ratio(by[(BUILTIN, size)], by[("ring", size)]) for size in large
+            }
+            entry["check_ms"] = {r.nbytes: r.seconds * 1e3 for r in mine if r.algorithm == CHECK}
+            entry["check_share"] = {
+                size: by[(CHECK, size)].seconds / by[("ring", size)].seconds
+                for size in sorted({r.nbytes for r in mine})
+                if (CHECK, size) in by and ("ring", size) in by
+            }
             entry["crossover"] = {
                 small: {
                     "measured_bytes": measured_crossover(mine, small, "ring"),
@@ -223,6 +258,15 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
             }
         summary[n] = entry
     return summary
+
+
+def paired_ratio(builtin: BenchRecord, ours: BenchRecord) -> dict[str, float] | None:
+    """The built-in's time ÷ ours, iteration by iteration (they ran back to back in each
+    iteration, so a noisy neighbour slows both): median, min and max over the iterations."""
+    if not (builtin.samples and ours.samples):
+        return None
+    ratios = [b / o for b, o in zip(builtin.samples, ours.samples, strict=True)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 def measured_crossover(records: Sequence[BenchRecord], small: str, large: str) -> float | None:
@@ -286,12 +330,19 @@ def main(argv: list[str]) -> int:
                     sizes=sizes,
                     iters=args.iters,
                     warmup=args.warmup,
+                    time_check=True,
                 )
     summary = summarize(records)
     with open(args.out, "w") as f:
         json.dump(to_json(records, summary), f, indent=1)
     print(f"{'n':>2} {'op':<15}{'algorithm':<20}{'bytes':>10}{'ms':>10}{'busbw GB/s':>12}")
     for r in records:
+        if r.algorithm == CHECK:
+            print(
+                f"{r.world_size:>2} {r.op:<15}{'agreement check':<20}{r.nbytes:>10}"
+                f"{r.seconds * 1e3:>10.3f}{'(no payload)':>12}"
+            )
+            continue
         print(
             f"{r.world_size:>2} {r.op:<15}{r.algorithm:<20}{r.nbytes:>10}"
             f"{r.seconds * 1e3:>10.3f}{r.busbw_gbps:>12.3f}"

@@ -1,4 +1,4 @@
-"""Check that this machine can run the labs: ``dtlab doctor [--json] [--no-gloo]``.
+"""Check that this machine can run the labs: ``dtlab doctor [--json] [--no-gloo] [--network]``.
 
 Reports Python and torch versions, CUDA (GPU count, NCCL version), a gloo self-test — a real
 2-rank Cluster on the CPU that all-reduces and checks the sum, with its cold-start time — the
@@ -6,6 +6,9 @@ notebook packages (jupyterlab, ipywidgets, plotly, nbval) and the lab mode. Ever
 with what to do about it. Exit status 1 when something essential fails.
 
 Lab 00 calls :func:`environment_report` and prints :func:`format_report` of it.
+``--network`` runs the network-debugging checklist instead (:mod:`dtlab.cli.doctor_network`):
+interfaces, loopback vs real, RDMA devices, GPUDirect, GPU topology, NCCL switches — a check
+that cannot run on this machine reports ``n/a`` and why.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Check:
     detail: str
     fix: str = ""
     essential: bool = True
+    checked: bool = True  # False: could not be checked on this machine (reported as n/a)
 
 
 def _version_tuple(version: str) -> tuple[int, int]:
@@ -224,7 +228,9 @@ def format_report(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     lines = []
     for c in checks:
-        status = "ok  " if c.ok else ("FAIL" if c.essential else "WARN")
+        status = (
+            "n/a " if not c.checked else "ok  " if c.ok else ("FAIL" if c.essential else "WARN")
+        )
         lines.append(f"{status}  {c.name:<{width}}  {c.detail}")
         if not c.ok and c.fix:
             lines.append(f"      {'':<{width}}  fix: {c.fix}")
@@ -239,7 +245,12 @@ def format_report(checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = environment_report(gloo=not args.no_gloo)
+    if args.network:
+        from dtlab.cli.doctor_network import network_report
+
+        checks = network_report()
+    else:
+        checks = environment_report(gloo=not args.no_gloo)
     if args.json:
         print(
             json.dumps({"ok": report_ok(checks), "checks": [asdict(c) for c in checks]}, indent=2)
@@ -252,4 +263,9 @@ def run(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable report")
     parser.add_argument("--no-gloo", action="store_true", help="skip the 2-rank gloo self-test")
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="run the network-debugging checklist (interfaces, RDMA, GPUDirect, GPU topology)",
+    )
     parser.set_defaults(run=run)

@@ -24,6 +24,12 @@ Every public collective first checks that its ranks were asked the same thing �
 dtypes, roots, algorithms — with a small *control message* that is not counted in
 :func:`comm_stats` (:mod:`~dtlab.collectives.agreement`): ranks that disagree all raise
 :class:`CollectiveMismatch`, naming each rank's value, instead of hanging.
+
+:func:`peer_all_reduce` runs the one-shot and two-shot all-reduces of symmetric-memory kernels
+and inference engines (:mod:`~dtlab.collectives.peer_memory`); they sit outside ``ALGORITHMS``
+and ``auto``, whose one-port link model does not price a step that reaches every peer at once.
+:func:`switch_all_reduce` lets one rank play an NVLS/SHARP switch that adds
+(:mod:`~dtlab.collectives.in_network`): each GPU sends ``(1 + 1/N)·M``, not the ring's ``2(N-1)/N·M``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from dtlab.collectives.barrier import barrier
 from dtlab.collectives.broadcast import broadcast
 from dtlab.collectives.gather_scatter import gather, scatter
 from dtlab.collectives.hierarchical import hierarchical_all_reduce, node_layout
+from dtlab.collectives.in_network import switch_all_reduce
 from dtlab.collectives.ops import REDUCE_OPS, chunk_bounds, chunk_sizes
 from dtlab.collectives.p2p import (
     CommStats,
@@ -55,6 +62,7 @@ from dtlab.collectives.p2p import (
     peers_of,
     traffic_matrix,
 )
+from dtlab.collectives.peer_memory import peer_all_reduce
 from dtlab.collectives.reduce import reduce
 from dtlab.collectives.reduce_scatter import REDUCE_SCATTERS, reduce_scatter
 from dtlab.collectives.simulated import simulate
@@ -94,11 +102,13 @@ __all__ = [
     "last_choice",
     "link_model",
     "node_layout",
+    "peer_all_reduce",
     "peers_of",
     "reduce",
     "reduce_scatter",
     "scatter",
     "set_link_model",
     "simulate",
+    "switch_all_reduce",
     "traffic_matrix",
 ]

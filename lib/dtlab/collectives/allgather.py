@@ -138,7 +138,9 @@ def all_gather(
         chunk.numel(),
         counts=None if sizes is None else tuple(sizes),
     )
-    calls = check_agreement(peers, auto.call_descriptor(call), chunk.device, same_numel=False)
+    calls = check_agreement(
+        peers, auto.call_descriptor(call), chunk.device, same_numel=False, numels=sizes
+    )
     held = [c.numel for c in calls]
     expected = [list(c.counts) if c.counts is not None else [c.numel] * peers.size for c in calls]
     if all(c.counts is None for c in calls) and len(set(held)) > 1:

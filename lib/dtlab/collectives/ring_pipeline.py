@@ -26,9 +26,13 @@ the simulated transport). On NCCL the same segments run in lock-step, one groupe
 per segment (:func:`_run_in_lockstep`), because ungrouped NCCL send/receive pairs deadlock.
 
 Measured on gloo with CPU ranks (``dtlab bench collectives --algorithms ring --iters 21``,
-16–64 MiB, 2 and 4 ranks, 5 runs): the lock-step ring reached 0.7–0.9× the built-in
-all-reduce's busbw; this one 1.03–1.32× (0.84× once in a shorter, 7-iteration sweep).
+16–64 MiB, 2 and 4 ranks, 5 runs on a quiet 2-core host): the lock-step ring reached 0.7–0.9× the
+built-in all-reduce's busbw; this one 1.03–1.32× (0.84× once in a shorter, 7-iteration sweep).
 4 MiB segments and 8 receives ahead were the best of segments 1–8 MiB × windows 2–8 measured.
+On the same host shared with other jobs (load average 6–18, 2026-11-27) the ratio fell to
+0.55–1.2× per size, median of iteration-paired ratios 0.8–0.9×: the built-in holds up better
+under CPU contention, and no segment size (256 KiB–16 MiB) or window (2–16) was better there
+beyond the noise.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ the buffer for all-reduce, broadcast and reduce, the *gathered* buffer for all-g
 the *input* buffer for reduce-scatter and scatter, the send buffer for all-to-all. ``p`` is the
 largest power of two ≤ ``N``; "fold" means the ``2(N-p)`` ranks that pair up first. The double
 binary tree all-reduce takes ``segments`` (per half; default :func:`~dtlab.cost.trees.tree_segments`)
-and its trees' height from :mod:`dtlab.cost.trees`.
+and its trees' height from :mod:`dtlab.cost.trees`. The one-shot and two-shot all-reduces
+(:mod:`dtlab.collectives.peer_memory`) are priced on a full mesh — a step's transfers to every
+peer share the rank's link and pay one latency: ``α + (N-1)·M·β`` and ``2α + 2(N-1)/N·M·β``.
 
 :func:`bytes_sent_per_rank` gives every rank's sent bytes for a length that divides evenly (by
 ``N``, and by ``p`` for Rabenseifner): the numbers :class:`~dtlab.collectives.CommStats` must show.
@@ -82,6 +84,9 @@ def terms(
             2 * _tree_height(n),
             2 * _tree_height(n) * min(2, n - 1) * m,
         ),
+        # peer memory (dtlab.collectives.peer_memory): one step reaches every peer at once
+        ("all_reduce", "one_shot"): (1, (n - 1) * m),
+        ("all_reduce", "two_shot"): (2, 2 * (n - 1) / n * m),
         ("reduce_scatter", "ring"): (n - 1, (n - 1) / n * m),
         ("reduce_scatter", "pairwise"): (n - 1, (n - 1) / n * m),
         ("reduce_scatter", "recursive_halving"): (
@@ -174,8 +179,10 @@ def bytes_sent_per_rank(op: str, algorithm: str, nbytes: int, n: int) -> list[fl
         return [0.0] + [m] * (n - 1)
     if key == ("all_reduce", "naive"):
         return [(n - 1) * m] + [m] * (n - 1)
-    if key == ("all_reduce", "ring"):
+    if key in (("all_reduce", "ring"), ("all_reduce", "two_shot")):
         return [2 * (n - 1) / n * m] * n
+    if key == ("all_reduce", "one_shot"):
+        return [(n - 1) * m] * n
     if key == ("all_reduce", "recursive_doubling"):
         return [
             m if r < 2 * extra and r % 2 == 0 else log_p * m + m * (r < 2 * extra) for r in ranks

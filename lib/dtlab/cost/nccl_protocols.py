@@ -64,3 +64,21 @@ def in_network_busbw(nbytes: float, seconds: float, n: int) -> dict[str, float]:
         "sent_per_gpu": algbw * (n + 1) / n,
         "busbw_over_sent": 2 * (n - 1) / (n + 1),
     }
+
+
+def in_network_bytes_per_gpu(nbytes: float, n: int) -> float:
+    """Bytes each GPU sends (and receives) in an NVLS/SHARP all-reduce of ``nbytes`` over ``n``
+    GPUs: ``(1 + 1/N)·M`` — more than the ring's ``2(N-1)/N·M`` at ``N = 2``, equal at 3, fewer
+    from 4 on (:func:`dtlab.collectives.switch_all_reduce` counts it on ranks)."""
+    if n < 2:
+        raise ValueError(f"an all-reduce across GPUs needs n >= 2, got {n}")
+    return (1 + 1 / n) * nbytes
+
+
+def in_network_saves_bytes_from() -> int:
+    """The smallest ``N`` at which in-network reduction sends fewer bytes per GPU than the ring:
+    ``1 + 1/N < 2(N-1)/N`` ⇔ ``N > 3``."""
+    n = 2
+    while in_network_bytes_per_gpu(1.0, n) >= 2 * (n - 1) / n:
+        n += 1
+    return n

@@ -1,4 +1,5 @@
-"""Graders for lab 01 (collectives): ring all-reduce, ring all-gather, and a cost-model calculation.
+"""Graders for lab 01 (collectives): ring all-reduce, ring all-gather, two-shot all-reduce, and a
+cost-model calculation.
 
 The two ring exercises run the learner's function on every rank of the cluster, over several
 buffer lengths (including ones the world size does not divide), with integer-valued data so the
@@ -16,6 +17,11 @@ While the learner's code runs (:func:`~dtlab.quiz.graders.watch.watching`):
 
 Chunks follow ``torch.tensor_split``, so when ``N`` does not divide the length a rank's count may
 differ from ``2 (N-1)/N · M`` by the size difference of the chunks it skips; that much is allowed.
+
+The two-shot exercise (:mod:`dtlab.collectives.peer_memory`) is held to its own traffic, peer by
+peer: rank ``r`` sends peer ``p`` exactly chunk ``p`` (the direct reduce-scatter) and its own
+summed chunk ``r`` (the all-gather), ``|chunk p| + |chunk r|`` bytes. A ring (neighbours only)
+and a one-shot (the whole buffer to everyone) both get the sum right and fail.
 """
 
 from __future__ import annotations
@@ -144,6 +150,39 @@ def _check_all_gather_on_rank(fn: Callable) -> tuple[list[str], list[str]]:
     return problems, traffic
 
 
+def _check_two_shot_on_rank(fn: Callable) -> tuple[list[str], list[str]]:
+    """This rank's (wrong results, wrong traffic) for a two-shot all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    problems, traffic = [], []
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for length in LENGTHS:
+        mine = _data(length, rank)
+        want = mine.clone()
+        dist.all_reduce(want)
+        got = mine.clone()
+        returned, wire = _run_watched(fn, got)
+        got = returned if isinstance(returned, torch.Tensor) else got
+        if got.shape != want.shape or not torch.equal(got, want):
+            problems.append(
+                f"length {length}: rank {rank} does not hold the sum of every rank's tensor"
+            )
+            continue
+        chunks = [c.numel() * 4 for c in torch.tensor_split(mine, n)]
+        for peer in range(n):
+            if peer == rank:
+                continue
+            sent, expected = wire["sent_to"].get(peer, 0), chunks[peer] + chunks[rank]
+            if sent != expected:
+                traffic.append(
+                    f"length {length}: rank {rank} sent {sent} B to rank {peer}; two-shot sends "
+                    f"each peer its chunk ({chunks[peer]} B) and then this rank's summed chunk "
+                    f"({chunks[rank]} B) = {expected} B"
+                )
+    return problems, traffic
+
+
 def _verdict(per_rank: list[tuple], what: str, n: int, traffic: str) -> GradeResult:
     wrong = [p for problems, _ in per_rank for p in problems]
     if wrong:
@@ -185,6 +224,29 @@ def grade_ring_all_gather(fn: Callable, cluster: Any) -> GradeResult:
         "Your ring all-gather",
         cluster.world_size,
         "(N-1)/N·M bytes",
+    )
+
+
+@exercise(
+    "collectives.two_shot_all_reduce",
+    title="Two-shot all-reduce from send/recv",
+    world_size=RING_WORLD_SIZE,
+)
+def grade_two_shot_all_reduce(fn: Callable, cluster: Any) -> GradeResult:
+    """``fn(tensor)`` sums ``tensor`` across ranks in place (or returns the sum) in two direct
+    exchanges: chunk ``j`` to rank ``j``, then each rank's summed chunk to every peer."""
+    per_rank = cluster.run(_check_two_shot_on_rank, fn)
+    wrong = [p for problems, _ in per_rank for p in problems]
+    if wrong:
+        raise AssertionError("\n".join(wrong[:8]))
+    not_two_shot = [p for _, problems in per_rank for p in problems]
+    if not_two_shot:
+        raise NotTheSkill("\n".join(not_two_shot[:8]))
+    return GradeResult(
+        True,
+        f"Your two-shot all-reduce matches torch.distributed on all {cluster.world_size} ranks "
+        f"for lengths {list(LENGTHS)}: every rank sent each peer its chunk and then its own "
+        "summed chunk — the ring's 2(N-1)/N·M bytes in two steps instead of 2(N-1).",
     )
 
 
