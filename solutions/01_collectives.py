@@ -663,8 +663,8 @@ shot_figure
 # (`C.switch_all_reduce`). Look for: the counted bytes equal to `(1 + 1/3)·M` — at `N = 3`
 # exactly the ring's `2(N-1)/N·M`; the saving starts at `N = 4` and tends to half. nccl-tests
 # still prints busbw with the ring's factor, so it over-states what the wire carries by
-# `2(N-1)/(N+1)` (1.56× at 8 GPUs); the last line reads a run that takes 3.6 ms for 1 GB on
-# 8 H100s.
+# `2(N-1)/(N+1)` (1.56× at 8 GPUs); the last line reads an illustrative figure (not a run of
+# ours): 1 GB in 3.6 ms on 8 H100s.
 
 
 # %%
@@ -722,7 +722,8 @@ ecmp_figure = go.Figure(
     ]
 )
 ecmp_figure.update_layout(
-    title="8 elephant flows on 8 uplinks: hashing leaves a third idle and doubles the busiest",
+    title=f"8 elephant flows on 8 uplinks: hashing leaves {scenarios['ECMP hash, 1 QP'].idle_share:.0%} "
+    f"idle and the busiest carries {scenarios['ECMP hash, 1 QP'].busiest_load:.1f} flows",
     barmode="group",
     yaxis={"title": "slowdown (×) / idle share"},
 )
@@ -734,7 +735,8 @@ ecmp_figure
 # One level after the other costs the sum; streamed in segments the slower level paces the
 # pipeline and the cost tends to the **maximum**. Which level is slower depends on the node
 # count: the network's share `(k-1)/k` grows with `k`, NVLink's does not. Look for: NVLink
-# limiting at 2 nodes, the network at 32, and the switch at 5 nodes for H100s with a NIC per GPU.
+# limiting at 2 nodes, the network at 32, and the crossover at 5 nodes for H100s with a NIC per
+# GPU.
 
 # %%
 level_nodes = [2, 3, 4, 5, 8, 16, 32]

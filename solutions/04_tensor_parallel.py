@@ -788,7 +788,8 @@ dtlab.viz.describe(
 # Look for: `equal` — the gradients are bit-identical either way, only the order changes; the
 # forward all-reduce (g) exposed in both; with the overlap, part of the backward all-reduce ran
 # under wgrad. On this CPU the two ranks share two cores with the GEMM they hide behind, so the
-# hidden share is small and moves run to run; on GPUs the transfer runs on its own engine.
+# hidden share is small and moves run to run; on GPUs the NCCL kernel runs on a few SMs of its
+# own beside the GEMM, with the links doing the moving.
 
 # %%
 measured = tensor_parallel.measure_tp_backward_overlap(

@@ -255,3 +255,41 @@ def test_the_digest_is_the_same_number_in_every_process_and_differs_by_any_field
         CallDescriptor("broadcast", "ring", torch.float32, 1000, op="sum"),
     ]
     assert len({digest(c, 4) for c in [call, *others]}) == 6
+
+
+def _one_rank_differs_in_dtype() -> list[str]:
+    rank = dist.get_rank()
+    dtype = torch.float64 if rank == 2 else torch.float32
+    messages = []
+    for call in (
+        lambda: C.all_reduce(torch.ones(8, dtype=dtype)),
+        lambda: C.peer_all_reduce(torch.ones(8, dtype=dtype), algorithm="two_shot"),
+        lambda: C.switch_all_reduce(torch.ones(8, dtype=dtype), switch=3),
+    ):
+        try:
+            call()
+        except C.CollectiveMismatch as error:
+            messages.append(str(error))
+        else:
+            messages.append("no error")
+    return messages
+
+
+def test_one_rank_of_four_in_another_dtype_is_named_beside_the_other_three(cluster4):
+    """The digests differ, so every rank gathers the descriptors and every rank's dtype is
+    named — the three that agree as well as the one that does not — by every rank alike."""
+    per_rank = cluster4.run(_one_rank_differs_in_dtype)
+    for messages in per_rank:
+        assert messages == per_rank[0]
+        for message in messages:
+            assert "ranks [0, 1, 3]: torch.float32; rank 2: torch.float64" in message, message
+
+
+def test_dtypes_of_one_size_never_share_a_digest():
+    """Same-size dtypes move the same bytes, so a shared code would let the payload through and
+    reinterpret it silently: every dtype torch has gets its own code."""
+    from dtlab.collectives.agreement import CallDescriptor, digest
+
+    dtypes = {d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+    codes = {digest(CallDescriptor("all_reduce", "ring", d, 8, op="sum"), 4) for d in dtypes}
+    assert len(codes) == len(dtypes)

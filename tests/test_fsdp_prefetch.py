@@ -85,6 +85,19 @@ def test_formulas_for_depth_and_reshard():
     assert all_gathers_per_step(4, True) == 8 and all_gathers_per_step(4, False) == 4
 
 
+def test_deeper_prefetch_helps_only_where_the_link_idles_at_depth_one():
+    """The gathers share one link in order: with equal units whose gather outlasts the compute,
+    depth 1 keeps the link busy and deeper prefetch exposes exactly as much; with a big unit
+    after small ones, depth 2 starts its gather under earlier compute and exposes less."""
+    from dtlab.parallel.zero.prefetch import prefetch_timeline
+
+    equal = [prefetch_timeline([3.0] * 8, [2.0] * 8, d) for d in range(4)]
+    assert equal == [24.0, 10.0, 10.0, 10.0]  # depth ≥ 1: first gather + 7 × (3 − 2)
+    assert [prefetch_timeline([1.0] * 8, [2.0] * 8, d) for d in (1, 2)] == [1.0, 1.0]
+    uneven = [prefetch_timeline([1, 1, 1, 6] * 2, [3] * 8, d) for d in range(4)]
+    assert uneven[2] < uneven[1] < uneven[0] and uneven[3] == uneven[2]
+
+
 def _spans_on_rank(depth: int) -> bool:
     model = _stack(3, 16)
     fsdp = FullyShardedDataParallel(

@@ -3,7 +3,8 @@ should be checked for first, each check saying what it found and what to change.
 
 1. **interfaces** — which network interfaces are up, their speed, and which one gloo and NCCL
    will use (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``). With several up and none named,
-   NCCL takes the first that is not loopback or docker — often the slow management port.
+   NCCL favours one whose name starts with ``ib`` and otherwise takes any that is not loopback or
+   ``docker*`` (NCCL's environment-variable docs) — often the slow management port.
 2. **loopback vs real** — what this host's name resolves to and what ``MASTER_ADDR`` is. A name
    that resolves to 127.x works for ``dtlab.Cluster`` (one machine, loopback on purpose) and
    fails the moment a second node tries to reach it.

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -84,9 +85,11 @@ _DTYPES = tuple(
     for name in (
         *("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8"),
         *("uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"),
+        *("uint16", "uint32", "uint64", "complex32", "float8_e4m3fnuz", "float8_e5m2fnuz"),
+        *("float8_e8m0fnu", "float4_e2m1fn_x2"),
     )
     if hasattr(torch, name)
-)
+)  # appended only: every rank of a job runs the same torch, so the indices agree
 _HEADER = 8
 
 
@@ -110,15 +113,20 @@ class CallDescriptor:
 
 
 def _dtype_code(dtype: torch.dtype | None) -> int:
+    """An index into ``_DTYPES``; a dtype not listed gets ``1000 +`` a CRC of its name, so two
+    unlisted dtypes of the same size still disagree (they would move the same bytes and
+    reinterpret them silently)."""
     if dtype is None:
         return -1
-    return _DTYPES.index(dtype) if dtype in _DTYPES else 100 + dtype.itemsize
+    if dtype in _DTYPES:
+        return _DTYPES.index(dtype)
+    return 1000 + zlib.crc32(str(dtype).encode())
 
 
 def _dtype_of(code: int) -> torch.dtype | str | None:
     if code < 0:
         return None
-    return _DTYPES[code] if code < 100 else f"a {code - 100}-byte dtype"
+    return _DTYPES[code] if code < 1000 else f"an unlisted dtype (code {code})"
 
 
 def _encode(call: CallDescriptor, n: int) -> list[int]:

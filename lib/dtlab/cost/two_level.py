@@ -25,6 +25,11 @@ NVLink, eight 50 GB/s NICs) that is ``(k-1)/k > 0.78``, i.e. from 5 nodes on for
 buffers (at 1 MiB the network's larger ``α`` tips it at 4). At **2 nodes**
 NVLink limits (the network carries only half of ``M/g``); at **32 nodes** the network does
 (``31/32`` of it) — and with one NIC per node it limits everywhere.
+
+The network level is priced as each rail's ring on its own NICs, non-blocking: the cluster's
+``oversubscription`` and ``nodes_per_leaf`` are not applied (a rail ring that crosses an
+oversubscribed spine is slower than this; :func:`~dtlab.cost.hierarchy.all_to_all_spine_bandwidth`
+prices that for all-to-all).
 """
 
 from __future__ import annotations

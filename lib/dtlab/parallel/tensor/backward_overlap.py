@@ -1,7 +1,11 @@
 """A column-parallel Linear whose backward hides the input-gradient collective behind wgrad.
 
-Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` (Narayanan et al., SC 2021,
-§4.1; Korthikanti et al. 2022, §4.2.2). The backward of ``Y_r = X · A_rᵀ`` computes two GEMMs:
+Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` (``megatron/core/tensor_parallel/
+layers.py``: an optimisation of the code, described in no paper section of its own — Narayanan
+et al., SC 2021 §4.1 is the pipeline's scatter/gather, not this); the SP re-gather of the input
+overlapped with the input-gradient computation is Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models" (2022), §4.2.2. The backward of ``Y_r = X · A_rᵀ``
+computes two GEMMs:
 
 * **dgrad** ``dX_r = dY_r · A_r`` — this rank's *partial* input gradient; the whole ``dL/dX`` is
   their sum over the ``t`` ranks: an **all-reduce** (``2(t-1)/t · b·s·h`` elements per rank), or

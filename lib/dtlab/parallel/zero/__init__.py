@@ -60,6 +60,7 @@ from dtlab.parallel.zero.prefetch import (
     forward_peak_gathered_units,
     fsdp_prefetch_figures,
     measure_fsdp_prefetch,
+    prefetch_timeline,
 )
 
 __all__ = [
@@ -79,5 +80,6 @@ __all__ = [
     "host_buffer",
     "measure_fsdp_prefetch",
     "offload_device",
+    "prefetch_timeline",
     "shard_by_zero_stage",
 ]

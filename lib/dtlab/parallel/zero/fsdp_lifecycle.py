@@ -204,8 +204,10 @@ class FSDPLifecycle:
     Prefetch depth: when a unit starts its forward, the next ``forward_prefetch`` units in
     forward order launch their all-gathers (if at rest); when a unit is gathered for backward,
     the next ``backward_prefetch`` units in backward order do. Depth ``d`` holds up to ``d + 1``
-    gathered units at once (``d`` in flight, one computing) — more memory, and more time for
-    each gather to hide; ``prefetch=False`` is depth 0 both ways. ``reshard_after_forward=False``
+    gathered units at once (``d`` in flight, one computing) — more memory, and an earlier start
+    for each gather, which hides more only where the link would otherwise idle (the gathers
+    still run one after another: :func:`~dtlab.parallel.zero.prefetch.prefetch_timeline`);
+    ``prefetch=False`` is depth 0 both ways. ``reshard_after_forward=False``
     keeps every unit gathered from its forward to its backward: no backward all-gather (2 instead
     of 3 transfers of Ψ per step) for holding all the gathered parameters at the end of forward.
     ``peak_gathered_bytes`` is the largest sum of gathered buffers seen after any event since

@@ -1,16 +1,24 @@
 """FSDP prefetch depth and ``reshard_after_forward``, measured: exposed all-gather against memory.
 
-Zhao et al., "PyTorch FSDP" (VLDB 2023, §3.3.2 backward/forward prefetch; §3.2.2 the rate
+Zhao et al., "PyTorch FSDP" (VLDB 2023, §3.3 backward and forward prefetching; §3.4 the rate
 limiter that caps in-flight all-gathers). A unit's all-gather is *exposed* when its compute
-starts before the gather landed. Launching it ``d`` units early (prefetch depth ``d``) gives it
-``d`` units of compute to hide under, and costs memory: up to ``d + 1`` units gathered at once
-(``d`` in flight, one computing) instead of one. ``reshard_after_forward=False`` keeps every unit
+starts before the gather landed. Launching it ``d`` units early (prefetch depth ``d``) lets it
+*start* ``d`` units of compute early, and costs memory: up to ``d + 1`` units gathered at once
+(``d`` in flight, one computing) instead of one. Starting early is not finishing early: the
+gathers share one link (FSDP issues them on one stream) and run one after another, so when every
+unit's gather outlasts its compute the link is already busy all the time at depth 1 and deeper
+prefetch hides nothing more (exposed ≈ gather − compute per unit at any depth ≥ 1). Depth pays
+where the link idles at depth 1 — uneven units, a big unit's gather after small ones whose
+gathers finished under their compute — or where issuing the gather late is the problem (a
+CPU-bound loop). :func:`prefetch_timeline` plays both cases. ``reshard_after_forward=False`` keeps every unit
 gathered from its forward to its backward: the backward all-gather disappears (each step moves
 2 instead of 3 transfers of the parameters, ZeRO-2's traffic) and the end of forward holds *all*
 gathered parameters — the whole model unsharded, which is what ZeRO-3 existed to avoid. FSDP2
 sets the same knobs with ``fully_shard(module, reshard_after_forward=...)`` and
 ``module.set_modules_to_forward_prefetch([...])`` / ``set_modules_to_backward_prefetch([...])``
-(torch ≥ 2.6; an empty backward list falls back to FSDP2's implicit prefetch of one unit).
+(torch ≥ 2.6; an empty backward list falls back to FSDP2's implicit prefetch of one unit). So
+FSDP2's depth-0 row is FSDP2 left at its defaults, not "no prefetch": it has no setting that
+turns the implicit backward prefetch off.
 
 :func:`measure_fsdp_prefetch` runs a stack of ``units`` MLP blocks (each an FSDP unit; the root
 holds no parameters) under dtlab's FSDP for each (depth, reshard) setting, and FSDP2 with the
@@ -59,6 +67,27 @@ def forward_peak_gathered_bytes(
 ) -> int:
     """:func:`forward_peak_gathered_units` × one unit's gathered bytes."""
     return forward_peak_gathered_units(depth, units, reshard_after_forward) * unit_bytes
+
+
+def prefetch_timeline(gather_s: list[float], compute_s: list[float], depth: int) -> float:
+    """Exposed all-gather seconds of one forward over units with these gather and compute
+    times, at prefetch ``depth``, on one link that runs the gathers one after another.
+
+    Unit 0's gather is issued at time 0; unit ``i``'s when unit ``max(0, i − depth)`` starts
+    computing (depth 0: when unit ``i − 1`` finished); it runs once the link is free, and unit
+    ``i`` computes once its gather landed and unit ``i − 1`` finished. Returns the forward's
+    length minus its compute.
+    """
+    if len(gather_s) != len(compute_s) or depth < 0:
+        raise ValueError("one gather and one compute time per unit, and depth >= 0")
+    link_free = compute_end = 0.0
+    starts: list[float] = []
+    for i, (gather, compute) in enumerate(zip(gather_s, compute_s, strict=True)):
+        issued = 0.0 if i == 0 else compute_end if depth == 0 else starts[max(0, i - depth)]
+        link_free = max(link_free, issued) + gather
+        starts.append(max(compute_end, link_free))
+        compute_end = starts[-1] + compute
+    return compute_end - sum(compute_s)
 
 
 def step_bytes_per_rank(param_bytes: int, world: int, reshard_after_forward: bool) -> float:

@@ -6,7 +6,8 @@ lab 04 (``x`` (…, in) the full input, the same on every rank; ``weight`` (out/
 *launches* the all-reduce of the partial ``dL/dx`` (``dist.all_reduce(..., async_op=True)``)
 right after computing it, computes the weight gradient ``dL/dW_r = dY_rᵀ·x`` (and ``dL/db_r``)
 while the transfer runs, and only then waits — Megatron-LM's
-``LinearWithGradAccumulationAndAsyncCommunication`` (Narayanan et al., SC 2021, §4.1).
+``LinearWithGradAccumulationAndAsyncCommunication`` (a code optimisation, see
+:mod:`dtlab.parallel.tensor.backward_overlap`; not a section of Narayanan et al., SC 2021).
 
 What is checked, on every rank of a 2-rank group, against one process in fp64:
 
