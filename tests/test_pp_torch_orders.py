@@ -31,6 +31,7 @@ CASES = {  # p -> [(torch schedule, m, n_virtual)]
         ("1F1B", 5, 1),
         ("Interleaved1F1B", 4, 2),
         ("InterleavedZeroBubble", 4, 1),
+        ("InterleavedZeroBubble", 4, 2),
         ("ZBVZeroBubble", 4, 2),
         ("DualPipeV", 4, 2),
     ],
@@ -40,6 +41,7 @@ CASES = {  # p -> [(torch schedule, m, n_virtual)]
         ("1F1B", 6, 1),
         ("Interleaved1F1B", 8, 2),
         ("InterleavedZeroBubble", 8, 1),
+        ("ZBVZeroBubble", 8, 2),
         ("DualPipeV", 8, 2),
     ],
 }

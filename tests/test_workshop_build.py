@@ -325,6 +325,8 @@ AUDITED_LABS = (
     "09_activation_memory",
     "10_checkpointing",
     "11_composition",
+    "12_overlap",
+    "13_accelerator_runtime",
     "14_capstone",
 )  # add each lab here once its text is audited (#11)
 

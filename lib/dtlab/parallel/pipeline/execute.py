@@ -26,7 +26,9 @@ runs one training step's forward and backward exactly in the schedule's order:
 
 Every action runs under ``trace.labels(micro_batch=..., phase=..., stage=...)``: compute spans
 are named like the action (``"1F3"``), and the communicator's spans carry the same labels.
-Data parallelism over ``mesh.dp_group`` is applied outside (as for any model).
+Data parallelism over ``mesh.dp_group`` is applied outside (as for any model); the executor's
+``on_stage_done`` hook says when each stage's gradients are final, so a per-stage sync can start
+there (:mod:`~dtlab.parallel.pipeline.dp_sync_run`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ class PipelineExecutor:
         self.stages, self.comm, self.tied_comm = dict(stages), comm, tied_comm
         self.hidden_size, self.loss_fn, self.dtype = hidden_size, loss_fn, dtype
         self.last_stage = schedule.n_stages - 1
+        self.on_stage_done: Callable[[int], None] | None = None
+        """Called with a stage's index right after the action that completes its weights'
+        gradients (its last B or W) — where a per-stage data-parallel sync can start
+        (:mod:`~dtlab.parallel.pipeline.dp_sync`). Tied gradients are summed after the step."""
+        last_gradient = {a.stage: i for i, a in enumerate(self.actions) if a.kind in ("B", "W")}
+        self._stage_done_after = {i: stage for stage, i in last_gradient.items()}
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -136,7 +144,7 @@ class PipelineExecutor:
         self._outbox: dict[tuple[str, int, int], torch.Tensor] = {}
         self._losses: list[torch.Tensor] = []
         self._positions = positions
-        for action in self.actions:
+        for i, action in enumerate(self.actions):
             phase = action.kind if action.is_compute else action.kind[-1]
             with trace.labels(micro_batch=action.micro_batch, phase=phase, stage=action.stage):
                 if action.is_compute:
@@ -144,6 +152,8 @@ class PipelineExecutor:
                         getattr(self, f"_{action.kind.lower()}")(action)
                 else:
                     self._message(action)
+            if self.on_stage_done is not None and i in self._stage_done_after:
+                self.on_stage_done(self._stage_done_after[i])
         sum_tied_gradients(self.stages, self.tied_comm)
         if self.last_stage not in self.stages:
             return None

@@ -67,15 +67,28 @@ class Simulation:
 
     def in_flight(self, stage: int) -> list[tuple[float, int]]:
         """``[(time, micro-batches whose activations stage holds from then on), ...]``."""
+        return self._held(self.schedule.stage_ranks[stage], {stage})
+
+    def rank_in_flight(self, rank: int) -> list[tuple[float, int]]:
+        """``[(time, (stage, micro-batch) pairs whose activations rank holds), ...]``, over all
+        the stages it holds at once: with ``v`` chunks per rank each pair is ``1/v`` of the
+        rank's layers, so ``peak / v`` is the peak in whole-stage micro-batches."""
+        return self._held(rank, set(self.schedule.stages_of(rank)))
+
+    def peak_rank_in_flight(self, rank: int) -> int:
+        """The most (stage, micro-batch) activation sets ``rank`` holds at one time."""
+        return max((held for _, held in self.rank_in_flight(rank)), default=0)
+
+    def _held(self, rank: int, stages: set[int]) -> list[tuple[float, int]]:
         events: list[tuple[float, int]] = []
-        last_backward: dict[int, float] = {}
-        for t in self.timeline[self.schedule.stage_ranks[stage]]:
-            if t.action.stage != stage:
+        last_backward: dict[tuple[int, int], float] = {}
+        for t in self.timeline[rank]:
+            if t.action.stage not in stages:
                 continue
             if t.action.kind == "F":
                 events.append((t.start, +1))
             elif t.action.kind in ("B", "W"):
-                last_backward[t.action.micro_batch] = t.end
+                last_backward[(t.action.stage, t.action.micro_batch)] = t.end
         events += [(end, -1) for end in last_backward.values()]
         curve, held = [], 0
         for time, change in sorted(events, key=lambda e: (e[0], e[1])):  # frees before holds

@@ -112,3 +112,25 @@ def torch_schedule(name: str, n_ranks: int, n_micro: int, n_virtual: int = 2) ->
     v = name in ("ZBVZeroBubble", "DualPipeV")
     stage_ranks = v_stage_ranks(p) if v else loop_stage_ranks(p, n_virtual)
     return Schedule.from_torch_strings(order, f"torch {name}", m, stage_ranks)
+
+
+def torch_validate(schedule: Schedule) -> dict[int, int] | None:
+    """Run torch's own schedule checker (``schedules._validate_schedule``: every stage has ``m``
+    forwards, F before I/B, I before W, each stage on one rank) on ``schedule``'s compute actions.
+
+    Returns torch's ``{stage: rank}`` map, raises torch's ``AssertionError`` (its message prints
+    the whole schedule) if it refuses the schedule, and returns ``None`` when this torch has no
+    such checker — it is private, so a release may drop it; :func:`~dtlab.parallel.pipeline.
+    validate.validate` checks all of it and the cross-rank order besides."""
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    check = getattr(torch_schedules, "_validate_schedule", None)
+    action = getattr(torch_schedules, "_Action", None)
+    if check is None or action is None or not hasattr(action, "from_str"):
+        return None
+    compute = schedule.compute_only()
+    orders = {
+        rank: [action.from_str(str(a)) for a in actions]
+        for rank, actions in enumerate(compute.actions)
+    }
+    return check(orders, schedule.n_ranks, schedule.n_stages, schedule.n_micro)
