@@ -11,11 +11,17 @@
 # 1. dense MLP → top-k MoE on one rank: parameters vs *active* parameters;
 # 2. routing histograms, and the tokens dropped as the capacity factor varies; then you write
 #    top-k routing with capacity;
-# 3. the load-balancing loss at work on a planted hot expert;
+# 3. the load-balancing loss at work on a planted hot expert, and where its counts are taken
+#    (per micro-batch, over the global batch, per sequence);
 # 4. expert parallelism on the cluster: the all-to-alls on the timeline, their bytes counted;
 #    then you write the dispatch all-to-all's splits;
-# 5. which parameters synchronise over which group;
-# 6. what the all-to-all costs at scale, inside a node and across nodes.
+# 5. the count message that is also the call's agreement, and the exchange beside PyTorch's
+#    `all_to_all_single`;
+# 6. which parameters synchronise over which group;
+# 7. what the all-to-all costs at scale, inside a node and across nodes;
+# 8. the dispatch at the node boundary: each token sent once per node, then fanned out inside it;
+# 9. dispatch and combine behind the other micro-batch's compute;
+# 10. rows per expert and GEMM efficiency, and why experts are spread with EP, not FSDP.
 
 # %%
 import math
@@ -25,10 +31,12 @@ import plotly.graph_objects as go
 import torch
 
 import dtlab
+import dtlab.collectives
 import dtlab.viz
 from dtlab.config import fast_mode, lab_world_size
 from dtlab.cost.moe import (
     all_to_all_seconds,
+    dedup_dispatch_bytes,
     dispatch_bytes_from_counts,
     inter_node_dispatch_bytes,
 )
@@ -36,6 +44,7 @@ from dtlab.cost.volumes import moe_all_to_all_bytes_per_layer
 from dtlab.mesh import Layout
 from dtlab.models import GPT, MLP, GPTConfig, SyntheticTokens, loss_fn
 from dtlab.models.moe import MoE, MoEConfig, moe_layers, moe_mlp_factory
+from dtlab.models.moe_router import sequence_aux_loss, switch_aux_loss
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -239,7 +248,7 @@ check_exercise("moe.top_k_routing", top_k_routing, cluster)
 
 # %%
 def imbalance_curve(
-    aux_weight: float, bias: bool = False, steps: int = 30 if FAST else 100
+    aux_weight: float, bias: bool = False, steps: int = 20 if FAST else 100
 ) -> list[float]:
     torch.manual_seed(0)
     cfg = MoEConfig(
@@ -283,6 +292,92 @@ dtlab.viz.describe(
 for name, curve in curves.items():
     print(f"{name:>17}: imbalance {curve[0]:.2f} → {curve[-1]:.2f}")
 fig
+
+# %% [markdown]
+# ### Global-batch balance on skewed ranks <a id="global-batch-balance"></a>
+#
+# The loss above counts `f` on one micro-batch of one rank. In data-parallel training each rank
+# holds a different shard, and shards are often skewed (one rank's documents are mostly code).
+# Per micro-batch, the loss then asks every rank to spread *its* tokens over all experts, so no
+# expert can specialise. Counted over the **global batch**, the tokens per expert summed over
+# the data-parallel ranks (one all-reduce of `E` counts per layer) and the step's micro-batches,
+# it asks only the whole step to be balanced (Qiu et al. 2025; Megatron-Core's
+# `global_aux_loss`). `P` stays each rank's own. In `MoEConfig(aux_loss_scope="global")`,
+# `dtlab.parallel.expert.balance.use_global_batch_balance` supplies the summed counts.
+#
+# Below, each of the `N` ranks holds tokens that lean towards two experts of its own (rank `r`:
+# experts `2r` and `2r+1`). A 4-expert layer trains with the loss counted per micro-batch, then
+# over the global batch, gradients averaged over the ranks. Look for: both keeping the global
+# load balanced (max ÷ mean near 1); the per-micro-batch loss also driving each rank's own load
+# to 1 (its experts stop specialising), the global one leaving each rank on its two experts.
+
+
+# %%
+def skewed_run(scope: str, steps: int = 12 if FAST else 60) -> dict:
+    from dtlab.comm import Communicator
+    from dtlab.parallel.expert.balance import use_global_batch_balance
+
+    rank = dtlab.rank()
+    torch.manual_seed(0)
+    cfg = MoEConfig(n_experts=4, top_k=1, aux_loss_weight=1.0, aux_loss_scope=scope)
+    layer = MoE(CONFIG, cfg)
+    with torch.no_grad():
+        layer.router.weight.copy_(torch.eye(4, CONFIG.d_model) * 2)  # expert i reads direction i
+    dp = Communicator(None, collectives="torch", dim="dp")
+    (load,) = use_global_batch_balance(layer, dp)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(128, CONFIG.d_model, generator=g)
+    x[:, 2 * rank % 4 : 2 * rank % 4 + 2] += 2.0  # this rank's domain: two experts of its own
+    target = torch.randn(128, CONFIG.d_model, generator=g)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=5e-2)
+    mine, everyone = [], []
+    for _ in range(steps):
+        load.new_step()
+        out, aux = layer(x)
+        loss = (out - target).pow(2).mean() + aux
+        optimizer.zero_grad()
+        loss.backward()
+        for p in layer.parameters():
+            dp.all_reduce(p.grad)
+            p.grad /= dp.world_size
+        optimizer.step()
+        counts = torch.tensor(layer.stats.tokens_per_expert, dtype=torch.float64)
+        mine.append(layer.stats.imbalance)
+        dp.all_reduce_control(counts, name="global load report")
+        everyone.append((counts.max() * 4 / counts.sum()).item())
+    return {"mine": mine, "global": everyone}
+
+
+skew = {scope: cluster.run(skewed_run, scope) for scope in ("micro_batch", "global")}
+fig = go.Figure()
+for scope, runs in skew.items():
+    fig.add_scatter(y=runs[0]["mine"], name=f"{scope} loss: rank 0's own load", mode="lines")
+    fig.add_scatter(y=runs[0]["global"], name=f"{scope} loss: the global load", mode="lines")
+dtlab.viz.describe(
+    fig,
+    title="Balance counted per micro-batch vs over the global batch, skewed ranks",
+    caption="Both balance the global load; only the per-micro-batch loss flattens each rank's own.",
+    x="step",
+    y="imbalance (max ÷ mean)",
+)
+for scope, runs in skew.items():
+    print(
+        f"{scope:>11}: rank 0's own load {runs[0]['mine'][-1]:.2f}, "
+        f"global {runs[0]['global'][-1]:.2f}"
+    )
+fig
+
+# %% [markdown]
+# DeepSeek-V3 balances the global load with its bias and keeps only a tiny **sequence-wise**
+# loss (weight 0.0001): `f` and `P` counted per sequence, so that no single sequence piles onto
+# a few experts. A batch can look balanced while each sequence is not. Look for: two sequences,
+# each sent whole to one expert, balanced as a batch (Switch loss 1) but not per sequence (2).
+
+# %%
+seq_experts = torch.cat([torch.zeros(8, 1), torch.ones(8, 1)]).long()
+seq_probs = torch.nn.functional.one_hot(seq_experts[:, 0], 2).float()
+print(f"Switch loss over the batch: {switch_aux_loss(seq_probs, seq_experts, 2).item():.2f}")
+print(f"sequence-wise loss:         {sequence_aux_loss(seq_probs, seq_experts, 2, 8).item():.2f}")
 
 # %% [markdown]
 # ## 5. Expert parallelism on the cluster <a id="expert-parallel"></a>
@@ -382,8 +477,9 @@ for rank, r in enumerate(ep):
 # Where those bytes come from: the formula reads the **actual** kept counts of every rank (they
 # differ, so the ranks' bytes differ too). Rank `r` dispatches the rows it routed to other ranks'
 # experts and combines back the rows other ranks sent it, `d` float64 values each; the count
-# exchange is `(N−1)·E/N` int64s. Backward repeats dispatch and combine. Look for: formula equal
-# to the counted total, per rank.
+# exchange is one message per peer, a 4-word header and that peer's `E/N` counts:
+# `(N−1)·(4 + E/N)` int64s (section 6). Backward repeats dispatch and combine. Look for: formula
+# equal to the counted total, per rank.
 
 # %%
 layers_n = len(ep[0]["kept"])
@@ -413,8 +509,8 @@ for rank, r in enumerate(ep):
 # late, and the others' wait for it is cut off). Look for the `moe_experts` compute spans in
 # magenta, one per MoE layer (hover: their `tokens` label says how many rows each rank
 # computed), and the `moe_dispatch` / `moe_combine` exchanges around them in navy and green,
-# where the other ranks wait for the busiest. Everything else is dimmed, including the
-# `all_to_all check (control)` spans, where each all-to-all first checks its split sizes.
+# where the other ranks wait for the busiest, and before each dispatch the `moe_count_exchange`
+# (section 6 says why it is the only check). Everything else is dimmed.
 
 # %%
 hot = cluster.run(ep_step, 1.0, 1.0)
@@ -431,7 +527,7 @@ dtlab.viz.timeline(
     hot.trace.filter(step=0, phase="forward").cropped(),
     title="EP forward pass with a hot expert",
     align="latest_start",
-    highlight=("moe_experts", "moe_dispatch", "moe_combine"),
+    highlight=("moe_experts", "moe_count_exchange", "moe_dispatch", "moe_combine"),
     caption="Magenta: each rank's experts at work; the exchanges around them wait for the busiest.",
 )
 
@@ -468,7 +564,95 @@ def dispatch_splits(tokens_per_expert: torch.Tensor) -> tuple[list[int], list[in
 check_exercise("moe.dispatch_splits", dispatch_splits, cluster)
 
 # %% [markdown]
-# ## 6. Which parameters synchronise over which group <a id="sync-groups"></a>
+# ## 6. One message that is also the check <a id="count-exchange-agreement"></a>
+#
+# dtlab's generic all-to-all (`dtlab.collectives.all_to_all`) checks every call before its rows
+# move: a small control all-gather of each rank's call (sizes, dtype, splits), so ranks that
+# disagree raise instead of hanging. The MoE layer would pay that three times per forward
+# (counts, dispatch, combine), each a synchronisation of every rank, plus `N−1` pairwise steps
+# per payload. Its exchange (`dtlab.parallel.expert.TokenExchange`) pays once:
+#
+# - the **count message** to each peer starts with a header, *(call number, experts, row width,
+#   dtype)*. Every rank receives every other rank's header, so every rank can compare them all:
+#   the count exchange *is* the agreement;
+# - each **payload** (dispatch, combine) is posted in one call, every message at once;
+# - its receive buffers are **kept across steps**, one per micro-batch.
+#
+# The benchmark below (`dtlab bench moe` at lab size) times four ways of moving the same routed
+# rows, interleaved round by round: this exchange on dtlab's counted messages; the very same
+# exchange over PyTorch's `all_to_all_single`; bare `all_to_all_single` calls into fresh tensors;
+# and the generic checked all-to-all. Look for: the generic one, with a control all-gather before
+# each of its three exchanges, behind the exchange; the ratio of dtlab's exchange to the same over
+# `all_to_all_single` (at this lab size each exchange moves a few hundred kB, so fixed per-call
+# costs weigh most: the exchange posts a send and a receive per peer, each a call into gloo, where
+# `all_to_all_single` is one call); and the counted bytes equal to the formula from the routed
+# counts. Times on a shared 2-core machine vary from run to run; `dtlab bench moe` measures the
+# default size.
+
+# %%
+from dtlab.bench import moe as moe_bench
+
+bench = moe_bench.run(
+    cluster,
+    tokens=TOKENS * 2,
+    dim=64 if FAST else 1024,
+    experts=E,
+    steps=2 if FAST else 4,
+    repeats=3,
+)
+names = {
+    "a2a_dtlab": "dtlab exchange",
+    "a2a_torch": "same over all_to_all_single",
+    "a2a_torch_plain": "bare all_to_all_single",
+    "a2a_generic": "generic checked all-to-all",
+}
+fig = go.Figure(go.Bar(x=list(names.values()), y=[bench.step_s[k] * 1e3 for k in names]))
+dtlab.viz.describe(
+    fig,
+    title=f"Counts + dispatch + combine on {N} ranks (median per round)",
+    caption="One count message per peer is the check; the generic all-to-all checks each call.",
+    y="ms per exchange",
+)
+for key, label in names.items():
+    print(f"{label:>28}: {bench.step_s[key] * 1e3:.2f} ms (median round)")
+spread = bench.a2a_dtlab_vs_torch
+print(
+    f"dtlab exchange ÷ the same over all_to_all_single: {spread.median:.2f}× "
+    f"(range {spread.low:.2f}–{spread.high:.2f} over repeats)"
+)
+print(
+    f"bytes per exchange per rank: counted {bench.dtlab_bytes_per_exchange}, "
+    f"formula {bench.formula_bytes_per_exchange}"
+)
+fig
+
+# %% [markdown]
+# The check still fires. Below, rank 1 dispatches rows of another width (a model built with
+# another `d_model` on one rank). Every rank raises `CollectiveMismatch` from the count message
+# alone, before any row moves, and names what each rank passed. Look for: the same message on
+# both ranks, with each rank's width.
+
+
+# %%
+def mismatched_width() -> str:
+    from dtlab.collectives import CollectiveMismatch
+    from dtlab.comm import Communicator
+    from dtlab.parallel.expert import TokenExchange
+
+    exchange = TokenExchange(Communicator(None, collectives="dtlab", dim="ep"))
+    width = CONFIG.d_model + (8 if dtlab.rank() == 1 else 0)
+    try:
+        exchange.exchange_counts(torch.ones(E, dtype=torch.int64), width, torch.float32)
+    except CollectiveMismatch as error:
+        return str(error)
+    return "no error"
+
+
+for rank, message in enumerate(cluster.run(mismatched_width)):
+    print(f"rank {rank}: {message[:150]}…")
+
+# %% [markdown]
+# ## 7. Which parameters synchronise over which group <a id="sync-groups"></a>
 #
 # EP is carved out of data parallelism: the `dp` ranks are cut into blocks of `ep` consecutive
 # ranks. Inside a block, ranks hold **different** experts (the `ep` group, for the all-to-alls).
@@ -510,7 +694,7 @@ for group in ("dp", "edp"):
     )
 
 # %% [markdown]
-# ## 7. The all-to-all at scale <a id="all-to-all-cost"></a>
+# ## 8. The all-to-all at scale <a id="all-to-all-cost"></a>
 #
 # Uniform routing, DeepSeek-V3-like sizes: hidden 7168, top-8 of 256 experts, 4096 tokens per
 # rank, bf16, EP = 64 over 8 nodes of 8 GPUs. Each token's vector travels `k` times in dispatch
@@ -559,7 +743,280 @@ for limit in (None, 2):
     )
 
 # %% [markdown]
-# ## 8. Quiz <a id="quiz"></a>
+# ## 9. Deduplicated dispatch at the node boundary <a id="dedup-dispatch"></a>
+#
+# The plain dispatch sends one row per (token, expert on another rank). A token whose experts
+# sit on three GPUs of one remote node crosses the inter-node network three times, though the
+# three copies are the same vector. DeepSeek-V3's dispatch (its DeepEP kernels) sends it **once
+# per remote node**, to the GPU with the same local index there, which forwards it over NVLink
+# to every GPU of that node that needs it (`dtlab.parallel.expert.dedup_dispatch`). Each stage
+# starts with a count message, so the receiver can size its buffers: the host waits for it.
+#
+# Four ranks below pretend to be 2 nodes of 2 (`ranks_per_node=2`, as lab 11 does), each
+# routing its tokens top-4 of 16 experts with a real router. Each rank runs the plain dispatch
+# and the deduplicated one on the same routing. The plain bytes per link class are read from the
+# trace (who sent how many bytes to whom, counted from the messages); the deduplicated ones
+# from its two stages, also counted. Look for: the inter-node bytes falling, the NVLink bytes
+# rising, the rows each rank receives identical, and every count equal to the formula from the
+# routed choices (`dtlab.cost.moe.dedup_dispatch_bytes`).
+
+
+# %%
+def node_boundary(node_limit: int | None) -> dict:
+    from dtlab import trace
+    from dtlab.comm import Communicator
+    from dtlab.models.moe_router import route
+    from dtlab.parallel.expert import TokenExchange, dedup_dispatch
+
+    rank, experts, d = dtlab.rank(), 16, CONFIG.d_model
+    x = torch.randn(TOKENS, d, generator=torch.Generator().manual_seed(rank))
+    router = torch.randn(experts, d, generator=torch.Generator().manual_seed(0))
+    routing = route(x, router, 4, n_nodes=2, node_limit=node_limit)
+    kept = torch.where(routing.keep, routing.expert_index, -1)
+    token, expert = torch.nonzero(kept >= 0, as_tuple=True)
+    order = torch.argsort(kept[token, expert], stable=True)
+    rows = x[token[order]]
+    exchange = TokenExchange(Communicator(None, collectives="dtlab", dim="ep"))
+    with trace.labels(variant="plain"):
+        splits = exchange.exchange_counts(
+            torch.bincount(kept[kept >= 0], minlength=experts), d, x.dtype
+        )
+        plain = exchange.exchange_rows(rows, splits.send, splits.recv, "dispatch").clone()
+    with trace.labels(variant="dedup"):
+        comm = Communicator(None, collectives="dtlab", dim="ep")
+        dedup = dedup_dispatch(x, kept, comm, experts, ranks_per_node=2)
+    return {
+        "same_rows": torch.equal(plain, dedup.rows),
+        "bytes": dedup.bytes_sent,
+        "routed": [[e for e in row if e >= 0] for row in kept.tolist()],
+    }
+
+
+nodes = dtlab.Cluster(4)
+boundary = {limit: nodes.run(node_boundary, limit) for limit in (None, 1)}
+plain_matrix = dtlab.collectives.traffic_matrix(
+    boundary[None].trace.filter(variant="plain", kind="comm", name="moe_dispatch").spans, 4
+)
+want = dedup_dispatch_bytes([r["routed"] for r in boundary[None]], 16, 2, CONFIG.d_model)
+print(f"{'rank':>4} {'plain IB':>9} {'dedup IB':>9} {'plain NVL':>10} {'dedup NVL':>10}  same rows")
+for rank, r in enumerate(boundary[None]):
+    inter = sum(b for dst, b in enumerate(plain_matrix[rank]) if dst // 2 != rank // 2)
+    intra = sum(
+        b for dst, b in enumerate(plain_matrix[rank]) if dst // 2 == rank // 2 and dst != rank
+    )
+    w = want[rank]
+    assert (inter, intra) == (w.plain_inter, w.plain_intra)
+    assert (r["bytes"]["inter_rows"], r["bytes"]["intra_rows"]) == (
+        w.dedup_inter_rows,
+        w.dedup_intra_rows,
+    )
+    print(
+        f"{rank:>4} {inter:>9,} {r['bytes']['inter_rows']:>9,} {intra:>10,} "
+        f"{r['bytes']['intra_rows']:>10,}  {r['same_rows']}"
+    )
+fig = go.Figure()
+for label, values in (
+    ("plain, across nodes", [w.plain_inter for w in want]),
+    ("dedup, across nodes", [r["bytes"]["inter_rows"] for r in boundary[None]]),
+    ("plain, inside the node", [w.plain_intra for w in want]),
+    ("dedup, inside the node", [r["bytes"]["intra_rows"] for r in boundary[None]]),
+):
+    fig.add_bar(x=[f"rank {i}" for i in range(4)], y=[v / 1e3 for v in values], name=label)
+dtlab.viz.describe(
+    fig,
+    title="Dispatch bytes per link class, 2 nodes of 2, top-4 of 16 experts",
+    caption="Dedup sends each token once per remote node: fewer inter-node bytes, more NVLink bytes.",
+    y="kB sent per rank (counted)",
+)
+fig
+
+# %% [markdown]
+# **Node-limited routing** bounds the same quantity from the router's side. With `node_limit=1`
+# every token's experts sit on one node, so a deduplicated token crosses at most once; the plain
+# dispatch still sends one copy per expert. The share of the plain dispatch that crosses the node
+# boundary is what a hierarchical schedule attacks. What it cannot shrink: the rows each node
+# must receive for its own experts, and the fan-out inside the node, which grows (a forwarded row
+# moves twice). Look for: the inter-node bytes of both routings, deduplicated, beside the plain
+# dispatch's share across nodes.
+
+# %%
+for limit, out in boundary.items():
+    links = dedup_dispatch_bytes([r["routed"] for r in out], 16, 2, CONFIG.d_model)
+    inter = sum(r["bytes"]["inter_rows"] for r in out)
+    plain = sum(w.plain_inter for w in links)
+    share = sum(w.plain_inter for w in links) / sum(w.plain_inter + w.plain_intra for w in links)
+    print(
+        f"node_limit={limit}: inter-node dispatch bytes, plain {plain:,} → dedup {inter:,} "
+        f"({inter / plain:.0%}); plain share across nodes {share:.0%}"
+    )
+
+# %% [markdown]
+# The timeline of one deduplicated dispatch, rank by rank: the count message of each stage
+# (`moe_dedup_inter_counts`, `moe_dedup_intra_counts`) and the host's wait on it, then the rows
+# across nodes, then the fan-out inside the node. Look for: the intra-node stage starting only
+# after the inter-node rows have landed — a rail peer forwards what it received.
+
+# %%
+dtlab.viz.timeline(
+    boundary[None].trace.filter(variant="dedup").cropped(),
+    title="Deduplicated dispatch: counts, across nodes, then inside the node",
+    highlight=(
+        "moe_dedup_inter_counts",
+        "moe_dedup_inter",
+        "moe_dedup_intra_counts",
+        "moe_dedup_intra",
+    ),
+    caption="Each stage waits on its count message; the NVLink fan-out follows the inter-node rows.",
+)
+
+# %%
+nodes.close()
+
+# %% [markdown]
+# ## 10. Dispatch and combine behind compute <a id="moe-overlap"></a>
+#
+# Run one micro-batch's MoE block at a time and every all-to-all is exposed: while rows travel,
+# the rank has nothing to do. With two micro-batches in flight, each transfer can travel under
+# the other's compute — DeepSeek-V3's DualPipe is built on this pairing. A's dispatch travels
+# while B's attention runs; B's dispatch under A's experts; A's combine under B's experts
+# (`dtlab.parallel.expert.overlap`: the order is written out there). Only the small count
+# exchanges stay blocking: a receiver needs them to size its buffers.
+#
+# Below, both schedules run on the cluster, interleaved round by round, on the same data; the
+# exposed time is what each rank spent posting and blocked in `wait`, on its clock. Look for:
+# equal outputs, and the exposed time of each schedule. On this CPU, mind what the transfer
+# costs: gloo's I/O thread copies every byte on a core, the same cores the compute uses (one
+# thread per rank here), so overlap hides less than on GPUs, where copy engines and NICs move
+# bytes without the compute units; on a busy 2-core machine it can even cost.
+
+# %%
+from dtlab.parallel.expert.overlap import measure_two_microbatch_overlap
+
+overlap = measure_two_microbatch_overlap(
+    cluster, tokens=256 if FAST else 4096, dim=32 if FAST else 1024, rounds=2 if FAST else 5
+)
+fig = go.Figure()
+fig.add_bar(
+    x=list(overlap.exposed_s),
+    y=[v * 1e3 for v in overlap.exposed_s.values()],
+    name="exposed all-to-all",
+)
+fig.add_bar(x=list(overlap.step_s), y=[v * 1e3 for v in overlap.step_s.values()], name="step")
+dtlab.viz.describe(
+    fig,
+    title="One MoE block on two micro-batches: one after the other vs overlapped",
+    caption="Exposed: time blocked posting and waiting for the all-to-alls; step: the whole forward.",
+    y="ms (median round, slowest rank)",
+)
+print(
+    f"outputs equal: {overlap.equal}; exposed all-to-all {overlap.exposed_s['sequential'] * 1e3:.1f}"
+    f" → {overlap.exposed_s['overlapped'] * 1e3:.1f} ms (hidden share {overlap.hidden_share:.0%})"
+)
+fig
+
+# %% [markdown]
+# ## 11. Rows per expert, GEMM efficiency, and EP vs FSDP <a id="tokens-per-expert"></a>
+#
+# An expert's GEMM reads its whole weight however few rows use it, so its arithmetic intensity
+# is about the number of rows (`dtlab.cost.moe_gemm.expert_gemm_intensity`). Below the GPU's
+# ridge point (dense BF16 FLOP/s ÷ HBM bytes/s) it runs at memory speed. Expert parallelism
+# brings every rank's rows for an expert to one rank: `ep·T·k/E` rows per expert instead of
+# `T·k/E` if every rank ran every expert on its own tokens. Look for: DeepSeek-V3-like sizes
+# reaching the H100's ridge only with EP, then the same effect measured on this CPU (matmul
+# throughput against rows, a few timings each, best kept).
+
+# %%
+from dtlab.cost.moe_gemm import (
+    ep_vs_fsdp_expert_bytes,
+    expert_gemm_intensity,
+    ridge_rows,
+    rows_per_expert,
+)
+
+need = ridge_rows("h100_sxm", 7168, 2048)
+print(f"H100 ridge for a 7168 × 2048 expert GEMM (bf16): {need} rows")
+for degree in (1, 8, 64):
+    rows = rows_per_expert(4096, 8, 256, degree)
+    intensity = expert_gemm_intensity(rows, 7168, 2048)
+    print(f"EP = {degree:>2}: {rows:>6.0f} rows per expert, {intensity:>6.0f} FLOP/B")
+d_cpu, h_cpu = CONFIG.d_model * 8, CONFIG.d_model * 32
+weight = torch.randn(d_cpu, h_cpu)
+sweep = (8, 64, 512) if FAST else (8, 32, 128, 512, 2048)
+
+
+def best_seconds(fn, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+throughput = []
+for rows in sweep:
+    a = torch.randn(rows, d_cpu)
+    seconds = best_seconds(lambda a=a: a @ weight)
+    throughput.append(2 * rows * d_cpu * h_cpu / seconds / 1e9)
+fig = go.Figure(go.Scatter(x=list(sweep), y=throughput, mode="lines+markers"))
+fig.update_xaxes(type="log")
+dtlab.viz.describe(
+    fig,
+    title=f"Measured matmul throughput on this {cluster.device_type}, ({d_cpu} → {h_cpu})",
+    caption="Thin expert GEMMs waste the machine: throughput climbs with the rows per expert.",
+    x="rows per expert GEMM",
+    y="GFLOP/s (best of 5)",
+)
+fig
+
+# %% [markdown]
+# Spreading experts over ranks with FSDP instead of EP keeps each rank's tokens home and moves
+# the weights: all experts gathered for forward, again for backward, gradients
+# reduce-scattered, every step (`ep_vs_fsdp_expert_bytes`). Below, the same 2-rank split of this
+# lab's experts both ways: EP's bytes are the ones section 5 counted (real routing, forward and
+# backward, with the count messages); FSDP's are counted here from a real all-gather,
+# all-gather and reduce-scatter of the experts' float64 weights. Both are printed beside the
+# formula (uniform routing for EP). Look for: FSDP moving more at this small batch, and far
+# more at DeepSeek-V3's sizes.
+
+
+# %%
+def fsdp_expert_bytes() -> int:
+    from dtlab.comm import Communicator
+
+    model = GPT(CONFIG, seed=0, dtype=torch.float64, mlp_factory=moe_mlp_factory(MoEConfig(E, K)))
+    flat = torch.cat(
+        [p.detach().reshape(-1) for n, p in model.named_parameters() if ".experts." in n]
+    )
+    comm = Communicator(None, collectives="dtlab", dim="dp")
+    n = comm.world_size
+    flat = torch.nn.functional.pad(flat, (0, -len(flat) % n))
+    shard = flat.chunk(n)[comm.rank].clone()
+    comm.all_gather(flat, shard)  # forward: gather every expert
+    comm.all_gather(flat, shard)  # backward: gather them again
+    comm.reduce_scatter(shard, flat)  # gradients: each rank keeps its shard's sum
+    return comm.comm_stats.bytes_sent
+
+
+fsdp_counted = cluster.run(fsdp_expert_bytes)
+tokens_per_rank = 2 * CONFIG.seq_len  # section 5: a batch of 2 sequences per rank
+want = ep_vs_fsdp_expert_bytes(
+    tokens_per_rank, CONFIG.d_model, CONFIG.d_ff, E, K, N, bytes_per_elem=8
+)
+layers_n = len(ep[0]["kept"])
+print(
+    f"this lab, per rank and step ({layers_n} MoE layers): EP counted {ep[0]['sent']:,} B "
+    f"(uniform-routing formula {layers_n * want.ep_bytes:,.0f} B); FSDP counted "
+    f"{fsdp_counted[0]:,} B (formula {layers_n * want.fsdp_bytes:,.0f} B)"
+)
+big = ep_vs_fsdp_expert_bytes(4096, 7168, 2048, 256, 8, 64, matrices=3)
+print(
+    f"DeepSeek-V3-like layer, 64 ranks: EP {big.ep_bytes / 1e9:.1f} GB, FSDP "
+    f"{big.fsdp_bytes / 1e9:.1f} GB per rank and step ({big.fsdp_over_ep:.0f}×)"
+)
+
+# %% [markdown]
+# ## 12. Quiz <a id="quiz"></a>
 #
 # Graded questions from the bank on what this lab showed.
 

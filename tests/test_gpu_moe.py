@@ -128,3 +128,36 @@ def test_auto_on_unaligned_rows_falls_back_to_the_loop_on_cuda_and_says_so():
     reason = "bytes past" if r[f"{torch.bfloat16}_kernel"] else "no torch._grouped_mm"
     assert r["shifted_ran"] == "loop" and reason in r["shifted_why"], r
     assert r["shifted_equal"], r
+
+
+def _token_exchange_on_cuda() -> dict:
+    from dtlab.comm import Communicator
+    from dtlab.parallel.expert import TokenExchange
+
+    device = dtlab.device()
+    counts = torch.tensor([3, 0, 2, 1], device=device)
+    rows = torch.randn(6, 8, device=device, dtype=torch.bfloat16)
+    out = {}
+    for via in ("dtlab", "torch"):
+        exchange = TokenExchange(Communicator(None, collectives=via, dim="ep"))
+        pointers = []
+        for _ in range(2):
+            splits = exchange.exchange_counts(counts, 8, rows.dtype)
+            arrived = exchange.exchange_rows(rows, splits.send, splits.recv, "dispatch")
+            pointers.append(arrived.data_ptr())
+        out[via] = {
+            "equal": torch.equal(arrived, rows),
+            "on_cuda": arrived.is_cuda,
+            "kept": pointers[0] == pointers[1],
+            "splits": (splits.send, splits.recv, splits.received.tolist()),
+        }
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_token_exchange_keeps_its_cuda_buffers_and_moves_rows_over_nccl():
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(_token_exchange_on_cuda)[0]
+    for via in ("dtlab", "torch"):
+        assert r[via]["equal"] and r[via]["on_cuda"] and r[via]["kept"], r
+        assert r[via]["splits"] == ([6], [6], [[3, 0, 2, 1]]), r

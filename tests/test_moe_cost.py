@@ -77,7 +77,49 @@ def test_capacity_rounds_up_and_refuses_a_zero_factor():
 def test_dispatch_bytes_count_other_ranks_rows_only():
     kept = [[3, 1, 0, 2], [0, 5, 4, 1]]  # rank 0 routed 3, 1 to its own experts 0, 1
     got = dispatch_bytes_from_counts(kept, rank=0, hidden=4, bytes_per_elem=2)
-    assert got.dispatch == (0 + 2) * 8 and got.combine == (0 + 5) * 8 and got.counts == 16
+    # one count message to rank 1: the 4-word header, then its 2 experts' counts
+    assert got.dispatch == (0 + 2) * 8 and got.combine == (0 + 5) * 8 and got.counts == (4 + 2) * 8
     assert list(experts_of_rank(4, 2, 1)) == [2, 3]
     with pytest.raises(ValueError, match="divide"):
         experts_of_rank(6, 4, 0)
+
+
+def test_ep_multiplies_rows_per_expert_and_thin_gemms_sit_under_the_ridge():
+    from dtlab.cost.moe_gemm import expert_gemm_intensity, ridge_rows, rows_per_expert
+
+    assert rows_per_expert(4096, 8, 256, 1) == 128 and rows_per_expert(4096, 8, 256, 64) == 8192
+    # thin: intensity ≈ rows (bf16); wide: it saturates towards d·h/(d + h)
+    assert expert_gemm_intensity(16, 7168, 2048) == pytest.approx(16, rel=0.02)
+    need = ridge_rows("h100_sxm", 7168, 2048)
+    ridge = 989.4e12 / 3350e9
+    assert (
+        expert_gemm_intensity(need - 1, 7168, 2048)
+        < ridge
+        <= expert_gemm_intensity(need, 7168, 2048)
+    )
+    with pytest.raises(ValueError, match="divide"):
+        rows_per_expert(4096, 8, 256, 3)
+
+
+def _fsdp_expert_traffic(n_experts: int, d: int, h: int) -> int:
+    import torch
+
+    from dtlab.comm import Communicator
+
+    comm = Communicator(None, collectives="dtlab", dim="dp")
+    flat = torch.randn(n_experts * 2 * d * h, dtype=torch.float64)
+    shard = flat.chunk(comm.world_size)[comm.rank].clone()
+    comm.all_gather(flat, shard)
+    comm.all_gather(flat, shard)
+    comm.reduce_scatter(shard, flat)
+    return comm.comm_stats.bytes_sent
+
+
+def test_fsdp_sharded_experts_counted_bytes_equal_the_formula(cluster2):
+    from dtlab.cost.moe_gemm import ep_vs_fsdp_expert_bytes
+
+    want = ep_vs_fsdp_expert_bytes(64, 8, 32, 4, 2, 2, bytes_per_elem=8)
+    assert cluster2.run(_fsdp_expert_traffic, 4, 8, 32) == [want.fsdp_bytes] * 2
+    assert want.ep_bytes == 4 * (1 / 2) * 64 * 2 * 8 * 8
+    big = ep_vs_fsdp_expert_bytes(4096, 7168, 2048, 256, 8, 64, matrices=3)
+    assert big.fsdp_over_ep == pytest.approx(36, rel=0.01)

@@ -1,26 +1,43 @@
 """Expert parallelism: our dispatch/combine vs torch's all_to_all_single; grouped GEMM vs a loop.
 
     dtlab bench moe [--world-size 2] [--tokens 2048] [--dim 256] [--experts 8] [--top-k 2]
-                    [--steps 4] [--repeats 3] [--json PATH]
+                    [--ranks-per-node 1] [--steps 4] [--repeats 3] [--json PATH]
 
 Every rank routes ``--tokens`` random tokens (width ``--dim``, fp32) to ``--top-k`` of
 ``--experts`` experts with a random router (uneven splits, as in training). Round r runs, in
 rotated order (:func:`dtlab.bench.run_interleaved`):
 
-* ``a2a_dtlab`` — the count exchange, the dispatch all-to-all and the combine all-to-all
-  (:func:`dtlab.parallel.expert.dispatch_splits`, :func:`dtlab.comm.all_to_all_rows`) over a
-  ``Communicator(collectives="dtlab")``: dtlab's pairwise exchange, every byte counted;
-* ``a2a_torch`` — the very same calls over ``Communicator(collectives="torch")``, which runs
-  ``torch.distributed.all_to_all_single`` (gloo's or NCCL's);
+* ``a2a_dtlab`` — the expert-parallel exchange the MoE layer uses
+  (:class:`dtlab.parallel.expert.TokenExchange`): the count message that is also the call's
+  agreement, then the dispatch and the combine, each posted in one call into buffers kept
+  across steps, over ``Communicator(collectives="dtlab")`` — every byte counted;
+* ``a2a_torch`` — the very same exchange (same header-carrying count message, same splits,
+  same kept buffers) over ``Communicator(collectives="torch")``, whose calls are
+  ``torch.distributed.all_to_all_single`` (gloo's or NCCL's): the goal is ``a2a_dtlab ÷
+  a2a_torch ≤ 1.10``;
+* ``a2a_torch_plain`` — what one writes with torch alone: ``all_to_all_single`` of the bare
+  counts, then of the rows into fresh tensors (:func:`dtlab.parallel.expert.dispatch_splits`,
+  :func:`dtlab.comm.all_to_all_rows` over the torch communicator);
+* ``a2a_generic`` — those same calls over dtlab's generic all-to-all
+  (:func:`dtlab.collectives.all_to_all`: a control all-gather that checks each call, then
+  ``ep−1`` pairwise steps), the dispatcher before the exchange above;
+* ``dispatch_plain`` / ``dispatch_torch`` / ``dispatch_dedup`` — the dispatch alone (counts and
+  rows, no combine): the exchange above over dtlab's messages, the same over
+  ``all_to_all_single``, and the deduplicated dispatch
+  (:func:`dtlab.parallel.expert.dedup.dedup_dispatch`: each token once per destination node of
+  ``--ranks-per-node`` ranks, then fanned out inside it), with its bytes per link class counted
+  beside the plain dispatch's from the formula;
 * ``experts_grouped`` / ``experts_loop`` — forward + backward of this rank's experts on the rows
   it received (fp32 on CPU, bf16 on CUDA), with ``torch._grouped_mm`` and with one matmul per
   expert (where ``torch._grouped_mm`` cannot run these rows — no kernel for the dtype/device,
   or rows not 16 bytes apart, as at ``--dim 30`` in fp32 — only the loop runs, and the report
   says why).
 
-Reported from this one run: ``a2a_dtlab ÷ a2a_torch`` and ``experts_grouped ÷ experts_loop``
-(median over repeats of per-round ratios, min–max, and best ÷ best), and the exchange bytes per
-rank counted on the dtlab path beside the formula from the routed counts. Times vary run to run; the ratios are the point.
+Reported from this one run: ``a2a_dtlab ÷ a2a_torch``, ``a2a_dtlab ÷ a2a_torch_plain``,
+``a2a_generic ÷ a2a_torch_plain``, ``dispatch_dedup ÷ dispatch_plain`` and ``÷ dispatch_torch``,
+and ``experts_grouped ÷ experts_loop`` (median over repeats of
+per-round ratios, min–max, and best ÷ best), and the exchange bytes per rank counted on the
+dtlab path beside the formula from the routed counts. Times vary run to run; the ratios are the point.
 """
 
 from __future__ import annotations
@@ -31,13 +48,13 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
-from dtlab.cost.moe import dispatch_bytes_from_counts
+from dtlab.cost.moe import dedup_dispatch_bytes, dispatch_bytes_from_counts
 
 WARMUP_ROUNDS = 1
 
 
 def _measure_on_rank(
-    tokens: int, dim: int, experts: int, top_k: int, steps: int, repeats: int
+    tokens: int, dim: int, experts: int, top_k: int, steps: int, repeats: int, ranks_per_node: int
 ) -> dict:
     import torch
     import torch.distributed as dist
@@ -48,7 +65,8 @@ def _measure_on_rank(
     from dtlab.comm import Communicator, all_to_all_rows
     from dtlab.models.moe_experts import Experts, grouped_mm_refusal
     from dtlab.models.moe_router import route
-    from dtlab.parallel.expert import dispatch_splits
+    from dtlab.parallel.expert import TokenExchange, dispatch_splits
+    from dtlab.parallel.expert.dedup import dedup_dispatch
 
     device = dtlab.device()
     ep, rank = dist.get_world_size(), dist.get_rank()
@@ -61,8 +79,27 @@ def _measure_on_rank(
     rows = x.repeat_interleave(top_k, 0)[order].contiguous()
     counts = torch.bincount(expert, minlength=experts)
     communicators = {v: Communicator(None, collectives=v, dim="ep") for v in ("dtlab", "torch")}
+    exchanges = {v: TokenExchange(c) for v, c in communicators.items()}
+    alone = {v: TokenExchange(Communicator(None, collectives=v, dim="ep")) for v in communicators}
+    generic = Communicator(None, collectives="dtlab", dim="ep")
 
-    def exchange(comm: Communicator) -> None:
+    def exchange(tokens: TokenExchange) -> None:
+        splits = tokens.exchange_counts(counts, dim, rows.dtype)
+        arrived = tokens.exchange_rows(rows, splits.send, splits.recv, "dispatch")
+        tokens.exchange_rows(arrived, splits.recv, splits.send, "combine")
+
+    def dispatch_only(tokens: TokenExchange) -> None:
+        splits = tokens.exchange_counts(counts, dim, rows.dtype)
+        tokens.exchange_rows(rows, splits.send, splits.recv, "dispatch")
+
+    dedup_comm = Communicator(None, collectives="dtlab", dim="ep")
+    dedup_bytes: list[dict] = []
+
+    def dedup() -> None:
+        result = dedup_dispatch(x, routing.expert_index, dedup_comm, experts, ranks_per_node)
+        dedup_bytes.append(result.bytes_sent)
+
+    def plain(comm: Communicator) -> None:
         send, recv, _ = dispatch_splits(counts, comm)
         arrived = all_to_all_rows(rows, comm, recv, send)
         all_to_all_rows(arrived, comm, send, recv)
@@ -91,8 +128,13 @@ def _measure_on_rank(
         return step
 
     variants = {
-        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(communicators["dtlab"])),
-        "a2a_torch": labelled("a2a_torch", lambda: exchange(communicators["torch"])),
+        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(exchanges["dtlab"])),
+        "a2a_torch": labelled("a2a_torch", lambda: exchange(exchanges["torch"])),
+        "a2a_torch_plain": labelled("a2a_torch_plain", lambda: plain(communicators["torch"])),
+        "a2a_generic": labelled("a2a_generic", lambda: plain(generic)),
+        "dispatch_plain": labelled("dispatch_plain", lambda: dispatch_only(alone["dtlab"])),
+        "dispatch_torch": labelled("dispatch_torch", lambda: dispatch_only(alone["torch"])),
+        "dispatch_dedup": labelled("dispatch_dedup", dedup),
         "experts_loop": labelled("experts_loop", lambda: compute("loop")),
     }
     refusal = grouped_mm_refusal(local_rows, layer.fc_in.weight, layer.fc_out.weight)
@@ -105,23 +147,31 @@ def _measure_on_rank(
         "seconds": seconds,
         "dtlab_bytes_per_exchange": communicators["dtlab"].comm_stats.bytes_sent // calls,
         "tokens_per_expert": counts.tolist(),
+        "routed": routing.expert_index.tolist(),
+        "dedup_bytes": dedup_bytes[-1],
         "grouped_refusal": refusal,
     }
 
 
 @dataclass
 class MoEBenchResult:
-    """One run's ratios: dtlab's all-to-all ÷ torch's, grouped GEMM ÷ the loop."""
+    """One run's ratios: dtlab's exchange ÷ torch's, grouped GEMM ÷ the loop."""
 
     world_size: int
     tokens: int
     step_s: dict[str, float]
-    a2a_dtlab_vs_torch: Spread
+    a2a_dtlab_vs_torch: Spread  # the same exchange: dtlab's messages ÷ all_to_all_single
     a2a_best_ratio: float
+    a2a_dtlab_vs_torch_plain: Spread  # ÷ bare all_to_all_single calls into fresh tensors
+    a2a_generic_vs_torch_plain: Spread  # the generic checked all-to-all (before the exchange)
     grouped_vs_loop: Spread | None
     grouped_best_ratio: float | None
     dtlab_bytes_per_exchange: list[int]  # counted, per rank: counts + dispatch + combine
     formula_bytes_per_exchange: list[int]  # dispatch_bytes_from_counts(...).forward, per rank
+    dedup_vs_plain: Spread | None = None  # dispatch only: deduplicated ÷ the plain exchange
+    dedup_vs_torch: Spread | None = None  # ÷ the plain exchange over all_to_all_single
+    dedup_bytes: list[dict] | None = None  # counted per rank: inter/intra rows and meta, counts
+    link_bytes: list | None = None  # dedup_dispatch_bytes(...) per rank: plain and dedup per link
     grouped_refusal: str | None = None  # why the grouped GEMM did not run (rank 0), if it did not
 
 
@@ -134,6 +184,7 @@ def run(
     top_k: int = 2,
     steps: int = 4,
     repeats: int = 3,
+    ranks_per_node: int = 1,
 ) -> MoEBenchResult:
     """Measure on ``cluster`` (or a fresh one of ``world_size`` ranks)."""
     if experts % world_size:
@@ -151,10 +202,15 @@ def run(
             top_k,
             steps,
             repeats,
+            ranks_per_node,
         )  # fmt: skip
     )
     seconds = slowest_rank([r["seconds"] for r in out])
     a2a = {k: seconds[k] for k in ("a2a_dtlab", "a2a_torch")}
+    plain = {k: seconds[k] for k in ("a2a_dtlab", "a2a_generic", "a2a_torch_plain")}
+    vs_plain = ratios_to(plain, "a2a_torch_plain", repeats)
+    dispatch = {k: seconds[k] for k in ("dispatch_plain", "dispatch_torch", "dispatch_dedup")}
+    routed = [[[e for e in token if e >= 0] for token in r["routed"]] for r in out]
     grouped = "experts_grouped" in seconds
     compute = {k: v for k, v in seconds.items() if k.startswith("experts_")}
     return MoEBenchResult(
@@ -163,6 +219,8 @@ def run(
         step_s={v: statistics.median(s) for v, s in seconds.items()},
         a2a_dtlab_vs_torch=ratios_to(a2a, "a2a_torch", repeats)["a2a_dtlab"],
         a2a_best_ratio=best_ratios_to(a2a, "a2a_torch")["a2a_dtlab"],
+        a2a_dtlab_vs_torch_plain=vs_plain["a2a_dtlab"],
+        a2a_generic_vs_torch_plain=vs_plain["a2a_generic"],
         grouped_vs_loop=ratios_to(compute, "experts_loop", repeats)["experts_grouped"]
         if grouped
         else None,
@@ -174,6 +232,10 @@ def run(
             dispatch_bytes_from_counts([r["tokens_per_expert"] for r in out], rank, dim).forward
             for rank in range(len(out))
         ],
+        dedup_vs_plain=ratios_to(dispatch, "dispatch_plain", repeats)["dispatch_dedup"],
+        dedup_vs_torch=ratios_to(dispatch, "dispatch_torch", repeats)["dispatch_dedup"],
+        dedup_bytes=[r["dedup_bytes"] for r in out],
+        link_bytes=dedup_dispatch_bytes(routed, experts, ranks_per_node, dim),
         grouped_refusal=out[0]["grouped_refusal"],
     )
 
@@ -181,9 +243,8 @@ def run(
 def _ratio(spread: Spread | None, best: float | None, why: str | None = None) -> str:
     if spread is None:
         return f"n/a (the loop only: {why})"
-    return (
-        f"{spread.median:.2f}× (range {spread.low:.2f}–{spread.high:.2f}; best ÷ best {best:.2f}×)"
-    )
+    text = f"{spread.median:.2f}× (range {spread.low:.2f}–{spread.high:.2f}"
+    return text + (f"; best ÷ best {best:.2f}×)" if best is not None else ")")
 
 
 def main(argv: list[str]) -> int:
@@ -193,13 +254,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dim", type=int, default=256, help="hidden width")
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
+    parser.add_argument(
+        "--ranks-per-node", type=int, default=1, help="ranks per (pretended) node, for the dedup"
+    )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the result to this file")
     args = parser.parse_args(argv)
     result = run(
         None, args.world_size, args.tokens, args.dim, args.experts, args.top_k, args.steps,
-        args.repeats,
+        args.repeats, args.ranks_per_node,
     )  # fmt: skip
     print(
         f"EP={result.world_size}, {args.tokens} tokens/rank, d={args.dim}, "
@@ -208,8 +272,29 @@ def main(argv: list[str]) -> int:
     for name, s in result.step_s.items():
         print(f"  {name:>16}: median step {s * 1e3:.2f} ms")
     print(
-        f"  dispatch+combine, dtlab ÷ torch all_to_all_single: {_ratio(result.a2a_dtlab_vs_torch, result.a2a_best_ratio)}"
+        "  counts+dispatch+combine, the same exchange over dtlab's messages ÷ over "
+        f"all_to_all_single: {_ratio(result.a2a_dtlab_vs_torch, result.a2a_best_ratio)}"
     )
+    for name, spread in (
+        ("dtlab's exchange", result.a2a_dtlab_vs_torch_plain),
+        ("the generic checked all-to-all", result.a2a_generic_vs_torch_plain),
+    ):
+        print(
+            f"  {name} ÷ bare all_to_all_single calls: {spread.median:.2f}× "
+            f"(range {spread.low:.2f}–{spread.high:.2f})"
+        )
+    print(
+        f"  dispatch only, deduplicated per node of {args.ranks_per_node} rank(s) ÷ plain: "
+        f"{_ratio(result.dedup_vs_plain, None)}; ÷ plain over all_to_all_single: "
+        f"{_ratio(result.dedup_vs_torch, None)}"
+    )
+    for rank, (counted, want) in enumerate(zip(result.dedup_bytes, result.link_bytes, strict=True)):
+        print(
+            f"  rank {rank} dispatch rows across nodes: plain {want.plain_inter:,} B, dedup counted "
+            f"{counted['inter_rows']:,} B (formula {want.dedup_inter_rows:,}); inside the node: "
+            f"plain {want.plain_intra:,} B, dedup counted {counted['intra_rows']:,} B "
+            f"(formula {want.dedup_intra_rows:,})"
+        )
     print(
         f"  experts, grouped GEMM ÷ per-expert loop: {_ratio(result.grouped_vs_loop, result.grouped_best_ratio, result.grouped_refusal)}"
     )

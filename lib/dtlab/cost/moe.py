@@ -13,7 +13,10 @@ router actually produced (rows of ``h`` values of ``e`` bytes):
   ``Σ_{experts not mine} kept_e · h · e``;
 * combine sends back every row this rank received from another rank;
 * backward runs both again with the roles swapped (the same bytes);
-* the counts themselves are exchanged first: ``(ep-1) · E/ep`` int64 values.
+* the counts themselves are exchanged first, one int64 message per peer: a header of
+  ``COUNT_HEADER_WORDS`` words (call number, experts, row width, dtype — the call's agreement,
+  :mod:`dtlab.parallel.expert.exchange`) and the ``E/ep`` counts of that peer's experts,
+  ``(ep-1) · (H + E/ep)`` int64 values per rank.
 
 Node-limited routing (DeepSeek-V3, DeepSeek-AI 2024, §2.1.2): each token's experts sit on at most
 ``M`` nodes. A token's vector crosses the inter-node network once per *remote node* it needs (it
@@ -30,6 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtlab.cost.hardware import link
+
+COUNT_HEADER_WORDS = 4
+"""int64 words before the counts in each count message: call number, experts, row width, dtype."""
 
 
 def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -61,7 +67,7 @@ class DispatchBytes:
 
     dispatch: int  # forward dispatch (rows to other ranks' experts)
     combine: int  # forward combine (rows received from other ranks, sent back)
-    counts: int  # the count exchange before the dispatch (int64)
+    counts: int  # the count exchange before the dispatch (int64: header + counts per peer)
 
     @property
     def forward(self) -> int:
@@ -73,15 +79,26 @@ class DispatchBytes:
         return self.forward + self.dispatch + self.combine
 
 
+def count_exchange_bytes(
+    ep: int, n_experts: int, header_words: int = COUNT_HEADER_WORDS, count_bytes: int = 8
+) -> int:
+    """Bytes one rank sends in the count exchange: one message to each of the ``ep − 1`` other
+    ranks, ``header_words`` words then the ``n_experts / ep`` counts of that rank's experts."""
+    per = experts_of_rank(n_experts, ep, 0).stop
+    return (ep - 1) * (header_words + per) * count_bytes
+
+
 def dispatch_bytes_from_counts(
     kept_per_expert_by_rank: Sequence[Sequence[int]],
     rank: int,
     hidden: int,
     bytes_per_elem: int = 4,
     count_bytes: int = 8,
+    header_words: int = COUNT_HEADER_WORDS,
 ) -> DispatchBytes:
     """Bytes ``rank`` sends when source rank ``s`` routes ``kept_per_expert_by_rank[s][e]`` rows to
-    expert ``e`` (experts in contiguous blocks of ``E/ep``, one block per rank)."""
+    expert ``e`` (experts in contiguous blocks of ``E/ep``, one block per rank); each count
+    message carries ``header_words`` words before its ``E/ep`` counts."""
     ep = len(kept_per_expert_by_rank)
     n_experts = len(kept_per_expert_by_rank[0])
     mine = experts_of_rank(n_experts, ep, rank)
@@ -89,7 +106,7 @@ def dispatch_bytes_from_counts(
     own = kept_per_expert_by_rank[rank]
     dispatch = sum(n for e, n in enumerate(own) if e not in mine) * row
     combine = sum(kept_per_expert_by_rank[s][e] for s in range(ep) if s != rank for e in mine) * row
-    counts = (ep - 1) * (n_experts // ep) * count_bytes
+    counts = count_exchange_bytes(ep, n_experts, header_words, count_bytes)
     return DispatchBytes(int(dispatch), int(combine), int(counts))
 
 
@@ -152,3 +169,90 @@ def inter_node_dispatch_bytes(
 def all_to_all_seconds(bytes_per_rank: float, peers: int, link_name: str) -> float:
     """α-β time of one rank's all-to-all: ``peers`` messages, ``bytes_per_rank`` in all."""
     return link(link_name).time(bytes_per_rank, max(peers, 1))
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    """Dispatch bytes one rank sends, split by link class: inside its node (NVLink) or across
+    nodes (InfiniBand), plain (one row per (token, expert on another rank)) and
+    deduplicated (one row per token and remote node, then fanned out inside the node)."""
+
+    plain_inter: int  # plain all-to-all rows to ranks on other nodes
+    plain_intra: int  # plain all-to-all rows to other ranks of this node
+    dedup_inter_rows: int  # one row per (token, remote node), to the rail peer there
+    dedup_intra_rows: int  # one row per (token, rank of this node that needs it), own or forwarded
+    dedup_inter_meta: int  # (token, expert mask) per inter-node row, int64
+    dedup_intra_meta: int  # (source rank, token, expert mask) per intra-node row, int64
+
+    @property
+    def plain_inter_share(self) -> float:
+        """The share of the plain dispatch's bytes that crosses a node boundary."""
+        total = self.plain_inter + self.plain_intra
+        return self.plain_inter / total if total else 0.0
+
+
+def dedup_dispatch_bytes(
+    experts_by_rank: Sequence[Sequence[Sequence[int]]],
+    n_experts: int,
+    ranks_per_node: int,
+    hidden: int,
+    bytes_per_elem: int = 4,
+) -> list[LinkBytes]:
+    """Per sending rank, the dispatch bytes by link class from the routed choices:
+    ``experts_by_rank[s][t]`` lists the kept experts of source rank ``s``'s token ``t``.
+    Experts sit in contiguous blocks per rank, ranks in nodes of ``ranks_per_node``
+    (:mod:`dtlab.parallel.expert.dedup` says who sends what)."""
+    ep, g = len(experts_by_rank), ranks_per_node
+    per_rank = experts_of_rank(n_experts, ep, 0).stop
+    row, word = hidden * bytes_per_elem, 8
+    plain_inter, plain_intra = [0] * ep, [0] * ep
+    inter_rows, intra_rows = [0] * ep, [0] * ep
+    for s, tokens in enumerate(experts_by_rank):
+        node, local = divmod(s, g)
+        for chosen in tokens:
+            ranks = {e // per_rank for e in chosen}
+            for e in chosen:
+                r = e // per_rank
+                if r != s:
+                    (plain_inter if r // g != node else plain_intra)[s] += row
+            for m in {r // g for r in ranks}:
+                holder = s if m == node else m * g + local  # who fans it out inside node m
+                if m != node:
+                    inter_rows[s] += row
+                intra_rows[holder] += row * len({r for r in ranks if r // g == m} - {holder})
+    return [
+        LinkBytes(
+            plain_inter[s],
+            plain_intra[s],
+            inter_rows[s],
+            intra_rows[s],
+            inter_rows[s] // row * 2 * word if row else 0,
+            intra_rows[s] // row * 3 * word if row else 0,
+        )  # fmt: skip
+        for s in range(ep)
+    ]
+
+
+@dataclass(frozen=True)
+class TokenCopies:
+    """Copies of one token's vector per link class in one dispatch (rows, not bytes)."""
+
+    plain_inter: int  # one per chosen expert on another node
+    plain_intra: int  # one per chosen expert on another rank of this node
+    dedup_inter: int  # one per remote node touched (to the rail peer there)
+    dedup_intra: int  # forwards inside each touched node to its other ranks that need it
+
+
+def token_link_copies(
+    experts: Sequence[int], source_rank: int, n_experts: int, ep: int, ranks_per_node: int
+) -> TokenCopies:
+    """:func:`dedup_dispatch_bytes` for one token of ``source_rank`` choosing ``experts``."""
+    routed = [[] for _ in range(ep)]
+    routed[source_rank] = [list(experts)]
+    links = dedup_dispatch_bytes(routed, n_experts, ranks_per_node, hidden=1, bytes_per_elem=1)
+    return TokenCopies(
+        links[source_rank].plain_inter,
+        links[source_rank].plain_intra,
+        links[source_rank].dedup_inter_rows,
+        sum(w.dedup_intra_rows for w in links),
+    )

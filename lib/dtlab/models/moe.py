@@ -39,7 +39,17 @@ from dtlab.models.config import GPTConfig
 from dtlab.models.dropout import residual_dropout
 from dtlab.models.mlp import MLP, MLPFactory, default_mlp
 from dtlab.models.moe_experts import BACKENDS, Experts
-from dtlab.models.moe_router import SCORE_FUNCTIONS, Routing, route, router_z_loss, switch_aux_loss
+from dtlab.models.moe_router import (
+    SCORE_FUNCTIONS,
+    Routing,
+    balance_loss_from_counts,
+    route,
+    router_z_loss,
+    sequence_aux_loss,
+    switch_aux_loss,
+)
+
+AUX_LOSS_SCOPES = ("micro_batch", "global", "sequence")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,12 @@ class MoEConfig:
             ``ceil(c·n·T·k/E)`` instead, and can drop different assignments.
         shared_expert: add one always-on expert of width ``d_expert`` (DeepSeekMoE).
         aux_loss_weight: weight of the Switch load-balancing loss (0 disables it).
+        aux_loss_scope: where its ``f`` is counted: ``"micro_batch"`` (this forward's tokens on
+            this rank), ``"global"`` (the counts :attr:`MoE.load_reducer` returns — expert
+            parallelism sums them over the data-parallel ranks and the step's micro-batches,
+            :mod:`dtlab.parallel.expert.balance`; this forward's alone without one), or
+            ``"sequence"`` (DeepSeek-V3's sequence-wise loss,
+            :func:`~dtlab.models.moe_router.sequence_aux_loss`).
         z_loss_weight: weight of the router z-loss (0 disables it).
         bias_balancing: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to
             the scores for the choice only, nudged by ``bias_update_rate`` after each step
@@ -78,6 +94,7 @@ class MoEConfig:
     capacity_factor: float | None = None
     shared_expert: bool = False
     aux_loss_weight: float = 0.01
+    aux_loss_scope: str = "micro_batch"
     z_loss_weight: float = 0.0
     bias_balancing: bool = False
     bias_update_rate: float = 1e-3
@@ -94,6 +111,10 @@ class MoEConfig:
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             raise ValueError(
                 f"capacity_factor={self.capacity_factor} must be > 0, or None for no dropping"
+            )
+        if self.aux_loss_scope not in AUX_LOSS_SCOPES:
+            raise ValueError(
+                f"aux_loss_scope={self.aux_loss_scope!r}: choose one of {AUX_LOSS_SCOPES}"
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: choose one of {BACKENDS}")
@@ -164,6 +185,7 @@ class MoE(nn.Module):
         )
         self.register_buffer("balancing_bias", torch.zeros(moe.n_experts, device=device))
         self.dispatcher = LocalDispatch()
+        self.load_reducer = None  # "global" scope: counts (E,) -> the global batch's counts
         self.stats = MoEStats()
         self.routing: Routing | None = None
 
@@ -179,7 +201,7 @@ class MoE(nn.Module):
             n_nodes=self.moe.n_nodes,
             node_limit=self.moe.node_limit,
         )
-        self.routing = routing
+        self.routing, self._seq_len = routing, x.shape[-2] if x.dim() > 2 else flat.shape[0]
         self.stats = MoEStats(
             routing.tokens_per_expert.tolist(),
             routing.kept_per_expert.tolist(),
@@ -196,11 +218,20 @@ class MoE(nn.Module):
         """``aux_loss_weight · Switch loss + z_loss_weight · z-loss`` of ``routing``."""
         loss = routing.logits.new_zeros(())
         if self.moe.aux_loss_weight:
-            balance = switch_aux_loss(routing.probs, routing.expert_index, routing.n_experts)
-            loss = loss + self.moe.aux_loss_weight * balance
+            loss = loss + self.moe.aux_loss_weight * self.balance_loss(routing)
         if self.moe.z_loss_weight:
             loss = loss + self.moe.z_loss_weight * router_z_loss(routing.logits)
         return loss
+
+    def balance_loss(self, routing: Routing) -> torch.Tensor:
+        """The unweighted balance loss of ``routing`` in this layer's ``aux_loss_scope``."""
+        scope, n = self.moe.aux_loss_scope, routing.n_experts
+        if scope == "sequence":
+            return sequence_aux_loss(routing.probs, routing.expert_index, n, self._seq_len)
+        if scope == "global" and self.load_reducer is not None:
+            counts = self.load_reducer(routing.tokens_per_expert)
+            return balance_loss_from_counts(routing.probs, counts, n)
+        return switch_aux_loss(routing.probs, routing.expert_index, n)
 
     @torch.no_grad()
     def update_balancing_bias(self, tokens_per_expert: torch.Tensor | None = None) -> None:

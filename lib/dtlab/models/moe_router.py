@@ -24,6 +24,12 @@ Losses (added to the model's loss through the block's ``aux_loss``):
   (scores normalised to sum to 1 per token). Uniform routing gives 1; it is minimised by
   balance, and only ``P`` carries a gradient (``f`` counts a discrete choice).
 * Router z-loss (ST-MoE, Zoph et al. 2022): ``mean_t (log Σ_i exp z_ti)²`` keeps logits small.
+* Where ``f`` is counted is a choice (:func:`balance_loss_from_counts`): per micro-batch on one
+  rank (the Switch default), over the **global batch** — counts summed over the data-parallel
+  ranks and the step's micro-batches (Qiu et al. 2025, "Demons in the detail"; Megatron-Core's
+  ``global_aux_loss``), which lets each rank's data favour its own experts as long as the whole
+  batch is balanced — or per **sequence** (:func:`sequence_aux_loss`, DeepSeek-V3 §2.1.2), a
+  tiny loss beside the balancing bias that only stops one sequence from piling onto few experts.
 """
 
 from __future__ import annotations
@@ -146,10 +152,37 @@ def route_top_k(
 def switch_aux_loss(
     probs: torch.Tensor, expert_index: torch.Tensor, n_experts: int
 ) -> torch.Tensor:
-    """Switch Transformer's balance loss ``E · Σ_i f_i · P_i`` (see module docstring)."""
+    """Switch Transformer's balance loss ``E · Σ_i f_i · P_i`` (see module docstring), with
+    ``f`` from this call's own assignments."""
     counts = torch.bincount(expert_index.reshape(-1), minlength=n_experts)
-    f = counts.to(probs.dtype) / expert_index.numel()
-    return n_experts * (f * probs.mean(0)).sum()
+    return balance_loss_from_counts(probs, counts, n_experts)
+
+
+def balance_loss_from_counts(
+    probs: torch.Tensor, counts: torch.Tensor, n_experts: int
+) -> torch.Tensor:
+    """``E · Σ_i f_i · P_i`` with ``f_i = counts_i / Σ counts`` taken from ``counts`` (any scope:
+    this micro-batch, the global batch) and ``P_i`` the mean of this call's ``probs`` — the only
+    factor with a gradient, so each rank pushes its own probabilities against the load it is
+    given."""
+    counts = counts.to(device=probs.device, dtype=probs.dtype)
+    return n_experts * (counts / counts.sum().clamp_min(1) * probs.mean(0)).sum()
+
+
+def sequence_aux_loss(
+    probs: torch.Tensor, expert_index: torch.Tensor, n_experts: int, seq_len: int
+) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss (eqs. 17–20): per sequence of ``seq_len``
+    tokens, ``Σ_i f_i · P_i`` with ``f_i = E/(k·T) · #{t: i in top-k(t)}`` and ``P_i`` the mean
+    normalised score; averaged over sequences. 1 when every sequence is balanced."""
+    tokens, k = expert_index.shape
+    if tokens % seq_len:
+        raise ValueError(f"{tokens} tokens are not whole sequences of {seq_len}")
+    sequences = tokens // seq_len
+    chosen = F.one_hot(expert_index.view(sequences, seq_len * k), n_experts).sum(1)
+    f = chosen.to(probs.dtype) * n_experts / (k * seq_len)
+    p = probs.view(sequences, seq_len, n_experts).mean(1)
+    return (f * p).sum(1).mean()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:

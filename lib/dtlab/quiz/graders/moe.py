@@ -285,3 +285,15 @@ def switch_loss_key(counts: list[int], mean_probs: list[float]) -> float:
     index = torch.repeat_interleave(torch.arange(n_experts), torch.tensor(counts))[:, None]
     probs = torch.tensor(mean_probs, dtype=torch.float64).expand(len(index), n_experts)
     return float(switch_aux_loss(probs, index, n_experts))
+
+
+def global_balance_loss_key(counts_by_rank: list[list[int]], mean_probs: list[float]) -> float:
+    """Rank 0's balance loss with ``f`` counted over the global batch: the tokens per expert
+    summed over every data-parallel rank (``counts_by_rank``), ``P`` rank 0's ``mean_probs``."""
+    import torch
+
+    from dtlab.models.moe_router import balance_loss_from_counts
+
+    counts = torch.tensor(counts_by_rank, dtype=torch.float64).sum(0)
+    probs = torch.tensor(mean_probs, dtype=torch.float64)[None]
+    return float(balance_loss_from_counts(probs, counts, len(mean_probs)))
