@@ -18,8 +18,10 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import metadata
+
+from dtlab.cli.doctor_checks import Check
 
 HELP = "check Python, torch, CUDA/NCCL, a 2-rank gloo run and the notebook packages"
 
@@ -32,18 +34,6 @@ NOTEBOOK_PACKAGES = {
     "jupyterlab": (False, "`dtlab lab` (the notebook interface)"),
     "nbval": (False, "running the lab notebooks as tests"),
 }
-
-
-@dataclass
-class Check:
-    """One line of the report. ``ok`` False + ``essential`` True makes ``dtlab doctor`` fail."""
-
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    essential: bool = True
-    checked: bool = True  # False: could not be checked on this machine (reported as n/a)
 
 
 def _version_tuple(version: str) -> tuple[int, int]:

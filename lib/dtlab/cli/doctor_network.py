@@ -34,7 +34,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from dtlab.cli.doctor import Check
+from dtlab.cli.doctor_checks import Check
 
 NET = Path("/sys/class/net")
 INFINIBAND = Path("/sys/class/infiniband")

@@ -79,6 +79,12 @@ def measure_dp_sync(
         return trace.now_ns()
 
     dp_comm = Communicator.along(mesh, "dp", "torch")
+    world = Communicator.among([list(range(p * dp))], "torch")
+    token = torch.zeros(1, device=device)
+
+    def barrier() -> None:  # every rank starts the next measurement together
+        world.all_reduce_control(token, name="barrier")
+
     pipe = PipelineExecutor(
         stages,
         schedule,
@@ -103,7 +109,7 @@ def measure_dp_sync(
     buffer = torch.zeros(width * width + 1, device=device)
     for _ in range(repeats):
         for turn in range(p):  # one dp group at a time, as at the end of a pipeline step
-            torch.distributed.barrier()
+            barrier()
             if turn == mesh.pp_rank:
                 start = synchronized_now()
                 dp_comm.all_reduce(buffer, name="dp_sync alone")
@@ -123,7 +129,7 @@ def measure_dp_sync(
                 pending.append((stage, buf, handle))
 
             pipe.on_stage_done = start_sync if mode == "per_stage" else None
-            torch.distributed.barrier()
+            barrier()
             with trace.labels(mode=mode, step=step):
                 pipe.step(inputs.flatten(0, 1).unsqueeze(1), targets.flatten(0, 1).unsqueeze(1))
                 pipeline_end = synchronized_now()
