@@ -15,7 +15,8 @@
 # 5. gradient accumulation with and without `no_sync` — bytes and time;
 # 6. global batch, learning-rate scaling and warm-up;
 # 7. a straggler slowing everyone, and asynchronous SGD trading waiting for staleness;
-# 8. the crossover: how many tokens per GPU it takes for the all-reduce to hide behind backward.
+# 8. the crossover: how many tokens per GPU it takes for the all-reduce to hide behind backward;
+# 9. loss normalisation when ranks hold different numbers of tokens: the global count.
 
 # %%
 import statistics
@@ -50,6 +51,7 @@ from dtlab.parallel.data.equivalence import (
     toy_batches,
     train_single_process,
 )
+from dtlab.parallel.data.loss_normalization import count_bytes_per_rank, single_process_gradient
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -608,7 +610,109 @@ print(f"critical intensity H100 on NVLink 4: {critical_intensity(h100, 'nvlink4'
 ask("data_parallel.dp_crossover_tokens")
 
 # %% [markdown]
-# ## 10. Check your understanding
+# ## 10. Loss normalisation when ranks hold different numbers of tokens <a id="loss-normalization"></a>
+#
+# The loss we mean is the mean over every real token of the global batch, `(1/T) Σ ℓ_t`. With
+# padding masked out or packed documents, rank `r` holds `n_r` tokens and the `n_r` differ. If each
+# rank takes its own mean and DDP averages the gradients, a token on rank `r` weighs `1/(N·n_r)`:
+# tokens on short ranks count more. The fix all-reduces the token count first (one int64,
+# `2(N−1)/N · 8` bytes per rank on average) and divides each rank's *sum* by it, times `N`
+# because DDP averages (`dtlab.parallel.data.loss_normalization`).
+#
+# Look for: the global count matching the single-process gradient to rounding at every length
+# ratio, the per-rank mean drifting further from it as the ratio grows, and the count costing a
+# few bytes next to the gradient's.
+
+
+# %%
+def token_batch(total: int):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(total, 4, generator=g, dtype=torch.float64)
+    return x, torch.randn(total, generator=g, dtype=torch.float64)
+
+
+def normalised_step(how: str, lengths: tuple) -> dict:
+    from dtlab.parallel.data.loss_normalization import ddp_gradient
+
+    x, y = (t.to(dtlab.device()) for t in token_batch(sum(lengths)))
+    start = sum(lengths[: dtlab.rank()])
+    return ddp_gradient(
+        x[start : start + lengths[dtlab.rank()]], y[start : start + lengths[dtlab.rank()]], how
+    )
+
+
+RATIOS = (1, 2, 4, 8)
+errors = {"per_rank": [], "global": []}
+for ratio in RATIOS:
+    lengths = tuple(4 * ratio**r for r in range(WORLD_SIZE))  # rank r holds 4·ratio^r tokens
+    reference = single_process_gradient(*token_batch(sum(lengths)))
+    for how in errors:
+        result = cluster.run(normalised_step, how, lengths)[0]
+        errors[how].append((result["grad"] - reference).abs().max().item())
+count_sent = sum(r["count_bytes"] for r in cluster.run(normalised_step, "global", lengths))
+print(f"{'n_max/n_min':>11} {'per-rank mean: max |Δgrad|':>27} {'global count: max |Δgrad|':>26}")
+for i, ratio in enumerate(RATIOS):
+    shown = ratio ** (WORLD_SIZE - 1)
+    print(f"{shown:>11} {errors['per_rank'][i]:>27.2e} {errors['global'][i]:>26.2e}")
+print(
+    f"token count all-reduce: {count_sent / WORLD_SIZE:.1f} B per rank counted (average over ranks)"
+    f"  vs  2(N-1)/N·8 = {count_bytes_per_rank(WORLD_SIZE):.1f} B"
+)
+
+# %%
+fig = go.Figure()
+for how, label in (
+    ("per_rank", "per-rank mean, then DDP average"),
+    ("global", "global token count"),
+):
+    fig.add_scatter(
+        x=[r ** (WORLD_SIZE - 1) for r in RATIOS], y=[max(e, 1e-17) for e in errors[how]],
+        name=label, mode="lines+markers",
+    )  # fmt: skip
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, xaxis={"type": "log"}, yaxis={"type": "log"})
+dtlab.viz.describe(
+    fig,
+    title="Gradient error against one process over all tokens, by token imbalance",
+    x="tokens on the longest rank / on the shortest (log)",
+    y="max |Δ gradient| (log; 1e-17 = exact)",
+    caption="Equal lengths make both exact; past that only the all-reduced token count stays exact.",
+)
+
+# %% [markdown]
+# ### Exercise: normalise by the global token count <a id="exercise-token-normalised-loss"></a>
+#
+# Write `token_normalised_loss(loss_sum, n_tokens)`: `loss_sum` is this rank's summed token
+# losses (a tensor that requires grad), `n_tokens` its number of real tokens. Return the loss to
+# call `backward` on so that DDP's **averaged** gradient is the gradient of the mean over every
+# rank's tokens: all-reduce the count (a small integer tensor on `loss_sum`'s device), then scale
+# the sum. The grader runs it on ranks holding different numbers of tokens, twice, averages the
+# gradients as DDP does, and compares with one process over all tokens (1e-12, fp64); it also
+# checks that a small all-reduce of the count was what moved.
+
+
+# %%
+def token_normalised_loss(loss_sum: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """This rank's loss such that DDP's gradient average weighs every token 1/T."""
+    import torch.distributed as dist
+
+    # BEGIN SOLUTION
+    count = torch.tensor([n_tokens], dtype=torch.int64, device=loss_sum.device)
+    dist.all_reduce(count)
+    return loss_sum * dist.get_world_size() / count.item()
+    # END SOLUTION
+
+
+# %%
+check_exercise("data_parallel.token_normalised_loss", token_normalised_loss, cluster)
+
+# %%
+ask("data_parallel.loss_norm_token_weight")
+
+# %%
+ask("data_parallel.loss_norm_fix")
+
+# %% [markdown]
+# ## 11. Check your understanding
 
 # %%
 ask("data_parallel.step_order")
@@ -641,7 +745,7 @@ ask("sync_async.compare")
 ask("sync_async.stragglers")
 
 # %% [markdown]
-# ## 11. Shut the cluster down
+# ## 12. Shut the cluster down
 
 # %%
 cluster.close()

@@ -15,7 +15,8 @@
 # 4. you write the ZeRO-1 optimizer step;
 # 5. FSDP's wrap units and prefetch on the timeline;
 # 6. offloading the optimizer state to the host;
-# 7. when to pick DDP and when FSDP, with a memory calculator to play with.
+# 7. when to pick DDP and when FSDP, with a memory calculator to play with;
+# 8. Muon under ZeRO: whole matrices gathered to every rank, or to one owner each.
 
 # %%
 import plotly.graph_objects as go
@@ -33,6 +34,13 @@ from dtlab.memory import (
     zero_comm_bytes_per_rank,
 )
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
+from dtlab.optim.muon import (
+    STRATEGIES,
+    muon_bytes_per_rank,
+    muon_flops_per_rank,
+    muon_update,
+    sharded_muon_updates,
+)
 from dtlab.parallel import (
     FullyShardedDataParallel,
     MixedPrecision,
@@ -451,7 +459,95 @@ for billions in (1.3, 7, 70):
 dtlab.viz.memory_calculator(num_params=7e9, world_size=8, zero_stage=2)
 
 # %% [markdown]
-# ## 8. Check your understanding
+# ## 8. Muon under ZeRO: an update that needs whole matrices <a id="distributed-muon"></a>
+#
+# Adam's update is elementwise, so ZeRO lets each rank update its own flat slice of each matrix.
+# **Muon** (Jordan et al. 2024; Liu et al. 2025) steps along the *orthogonalised* momentum, the
+# `U Vᵀ` of `M = U Σ Vᵀ`, approximated by five Newton–Schulz iterations that multiply whole
+# matrices (`4m²n + 2m³` FLOPs each, `m ≤ n`). The momentum update still runs on the shard; the
+# orthogonalisation cannot. Either **every rank** all-gathers every momentum matrix and
+# orthogonalises all of them (each keeps its slice), or each matrix has **one owner** that
+# gathers the slices, orthogonalises and scatters the result back (`dtlab.optim.muon`). On four
+# ranks, look for: both equal to one process's update bit for bit, the counted bytes equal to the
+# formula, the owner strategy sending fewer bytes in total, and its FLOPs split over the ranks.
+
+# %%
+MUON_SHAPES = (
+    [(96, 32), (32, 32), (128, 32), (32, 128)]
+    if FAST
+    else [(768, 256), (256, 256), (1024, 256), (256, 1024)]
+)
+
+
+def momenta() -> list:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(s, generator=g, dtype=torch.float64) for s in MUON_SHAPES]
+
+
+def muon_on_ranks(strategy: str) -> dict:
+    from dtlab.comm import Communicator
+
+    comm = Communicator(collectives="dtlab")
+    shards = [m.reshape(-1).chunk(comm.world_size)[comm.rank].clone() for m in momenta()]
+    updates = sharded_muon_updates(shards, MUON_SHAPES, comm, strategy)
+    return {"updates": updates, "bytes": comm.comm_stats.bytes_sent}
+
+
+with dtlab.Cluster(4, device="cpu") as muon_ranks:
+    muon = {s: muon_ranks.run(muon_on_ranks, s) for s in STRATEGIES}
+whole = [muon_update(m).reshape(-1).chunk(4) for m in momenta()]
+print(
+    f"{'strategy':<11} {'equal to one process':>20} {'bytes per rank (counted)':>34} {'formula':>34}"
+)
+for s in STRATEGIES:
+    equal = all(
+        torch.equal(u, whole[i][r])
+        for r, out in enumerate(muon[s])
+        for i, u in enumerate(out["updates"])
+    )
+    counted = [out["bytes"] for out in muon[s]]
+    formula = [int(b) for b in muon_bytes_per_rank(MUON_SHAPES, 4, s, bytes_per_elem=8)]
+    print(f"{s:<11} {equal!s:>20} {str(counted):>34} {str(formula):>34}")
+
+# %%
+fig = make_subplots(
+    rows=1, cols=2, subplot_titles=("kB sent per rank (counted)", "Newton–Schulz MFLOP per rank")
+)
+for s in STRATEGIES:
+    fig.add_bar(
+        x=[f"rank {r}" for r in range(4)],
+        y=[out["bytes"] / 1e3 for out in muon[s]],
+        name=s,
+        legendgroup=s,
+        row=1,
+        col=1,
+    )
+    fig.add_bar(
+        x=[f"rank {r}" for r in range(4)],
+        y=[f / 1e6 for f in muon_flops_per_rank(MUON_SHAPES, 4, s)],
+        name=s,
+        legendgroup=s,
+        showlegend=False,
+        row=1,
+        col=2,
+    )
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, barmode="group", height=340)
+dtlab.viz.describe(
+    fig,
+    title="Distributed Muon on four ranks: replicated vs one owner per matrix",
+    x="rank",
+    caption="Owners send fewer bytes in all and each runs about a quarter of the Newton–Schulz work.",
+)
+fig.show()
+
+# %%
+ask("zero.muon_owner_bytes")
+
+# %%
+ask("zero.muon_why_gather")
+
+# %% [markdown]
+# ## 9. Check your understanding
 
 # %%
 ask("zero.bytes_per_param")
@@ -487,7 +583,7 @@ ask("data_parallel.when_ddp")
 ask("zero.ddp_or_fsdp")
 
 # %% [markdown]
-# ## 9. Shut the cluster down
+# ## 10. Shut the cluster down
 
 # %%
 two_ranks.close()

@@ -15,7 +15,8 @@
 # 3. ring attention on the timeline: K/V blocks travel while the rank computes;
 # 4. the causal imbalance, per rank, and zig-zag flattening it — then you write the layout;
 # 5. Ulysses: two all-to-alls around full attention, and its head limit;
-# 6. ring vs Ulysses vs all-gather: bytes counted, and time priced at realistic sizes.
+# 6. ring vs Ulysses vs all-gather: bytes counted, and time priced at realistic sizes;
+# 7. packed documents: the document mask in the ring, its imbalance, document-aware sharding.
 
 # %%
 import math
@@ -42,6 +43,15 @@ from dtlab.parallel.context import (
     shard_sequence,
     ulysses_attention,
     unmasked_scores,
+)
+from dtlab.parallel.context.documents import STYLES as DOC_STYLES
+from dtlab.parallel.context.documents import (
+    document_ids,
+    document_mask,
+    document_ring_attention,
+    imbalance,
+    positions_for,
+    unmasked_scores_per_rank,
 )
 from dtlab.quiz import ask, check_exercise
 
@@ -463,7 +473,83 @@ for name in ("nvlink4", "ib_ndr_400"):
     )
 
 # %% [markdown]
-# ## 8. Quiz <a id="quiz"></a>
+# ## 8. Packed documents: the document mask and its imbalance <a id="packed-documents"></a>
+#
+# Pre-training packs several documents into one sequence and masks attention so a token sees only
+# earlier tokens of **its own document**. Under CP the mask does two things. Key blocks that no
+# document spans are skipped, not only future ones. And the load balance changes: zig-zag balances
+# one causal triangle, but the work is now a triangle per document, and where the long documents'
+# tails fall decides each rank's share. **Document-aware sharding** cuts *each document* into `2N`
+# chunks and deals them zig-zag, so every rank holds a balanced piece of every triangle
+# (`dtlab.parallel.context.documents`). On the cluster: a packed sequence with one long document,
+# attended by a forward ring that applies the document mask. Look for: every layout equal to one
+# process, the per-rank work counted by the ring equal to the formula, zig-zag *worse* than
+# contiguous here, and document-aware sharding flat.
+
+# %%
+DOCS = [16, 48, 16, 16] if FAST else [256, 1536, 128, 128]
+
+
+def packed_qkv():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 2, sum(DOCS), 8, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def packed_ring(style: str) -> dict:
+    comm, device = Communicator(collectives="dtlab", dim="cp"), dtlab.device()
+    positions = positions_for(DOCS, comm.world_size, comm.rank, style)
+    q, k, v = (t.index_select(2, positions).to(device) for t in packed_qkv())
+    work = AttentionWork()
+    doc = document_ids(DOCS).to(device)
+    out = document_ring_attention(q, k, v, positions.to(device), doc, comm, work)
+    return {"out": out.cpu(), "positions": positions, "work": work}
+
+
+q_all, k_all, v_all = packed_qkv()
+everything = torch.arange(sum(DOCS))
+mask = document_mask(everything, everything, document_ids(DOCS))
+scores = (q_all @ k_all.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+reference = torch.softmax(scores, -1) @ v_all
+packed = {style: cluster.run(packed_ring, style) for style in DOC_STYLES}
+print(
+    f"{'layout':<11} {'equal':>6} {'work per rank (counted)':>26} {'formula':>22} {'skipped':>8} {'imbalance':>10}"
+)
+for style in DOC_STYLES:
+    runs = packed[style]
+    equal = all(torch.allclose(r["out"], reference.index_select(2, r["positions"])) for r in runs)
+    counted = [r["work"].unmasked_scores for r in runs]
+    skipped = sum(r["work"].blocks_skipped for r in runs)
+    formula = unmasked_scores_per_rank(DOCS, N, style)
+    print(
+        f"{style:<11} {equal!s:>6} {str(counted):>26} {str(formula):>22} {skipped:>8} {imbalance(DOCS, N, style):>10.2f}"
+    )
+
+# %%
+fig = go.Figure()
+for style in DOC_STYLES:
+    fig.add_bar(
+        x=[f"rank {r}" for r in range(N)],
+        y=[r["work"].unmasked_scores for r in packed[style]],
+        name=style,
+    )
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, barmode="group", height=340)
+dtlab.viz.describe(
+    fig,
+    title=f"Unmasked scores per rank, documents {DOCS} (counted by the ring)",
+    x="rank",
+    y="score elements computed",
+    caption="Zig-zag can be worse than contiguous with documents; cutting each document evens it.",
+)
+fig.show()
+
+# %%
+ask("context_parallel.packed_imbalance")
+
+# %%
+ask("context_parallel.document_sharding")
+
+# %% [markdown]
+# ## 9. Quiz <a id="quiz"></a>
 #
 # Graded questions from the bank on what this lab showed.
 

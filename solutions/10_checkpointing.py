@@ -16,7 +16,13 @@
 # 8. how often to save: goodput vs interval on a simulated failure trace;
 # 9. in-job recovery: replicas keep training while one is replaced (killed before a step, or in
 #    the middle of its all-reduce); silent data corruption: a bit flip in one replica's copy
-#    caught, a compute error that the same check cannot see, and the check that sees it.
+#    caught, a compute error that the same check cannot see, and the check that sees it;
+# 10. running real jobs: who writes a replicated tensor (every replica, rank 0, or balanced);
+# 11. which ranks form each mesh group, and the reversed shape that puts TP across nodes;
+# 12. RL weight sync: trainer shards to engine shards by funnel, broadcast or resharding;
+# 13. sizing a hot-spare pool from the Poisson tail, against elastic shrinking;
+# 14. timeouts: detection against false positives, a long start-up and a short training timeout,
+#     and what each rank was doing when one fired.
 
 # %%
 import dataclasses
@@ -28,6 +34,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import torch
 import torch.distributed as dist
+from plotly.subplots import make_subplots
 
 import dtlab
 import dtlab.viz
@@ -40,13 +47,21 @@ from dtlab.checkpoint import (
     replicated_state,
 )
 from dtlab.checkpoint.commit import final_dir
+from dtlab.checkpoint.dedup import plan_writers, write_seconds
+from dtlab.checkpoint.weight_sync import SyncLayout
 from dtlab.config import fast_mode, lab_world_size
 from dtlab.cost.reliability import (
     cluster_mtbf,
+    elastic_throughput,
     expected_waste_fraction,
+    nodes_down_mean,
+    poisson_cdf,
+    spare_pool_overhead,
+    spare_pool_size,
     young_daly_interval,
     young_daly_interval_async,
 )
+from dtlab.cost.weight_sync import SYNC_METHODS, rl_step_seconds, weight_sync_bytes
 from dtlab.faults import (
     Fault,
     JobSpec,
@@ -58,11 +73,16 @@ from dtlab.faults import (
     goodput_curve,
     job_config,
     run_with_recovery,
+    share_of_time_above,
+    simulate_nodes_down,
     train_replicas,
     train_with_checkpoints,
     wrong_output,
 )
+from dtlab.faults.timeouts import best_timeout, false_positive_share, lost_seconds_per_hour
 from dtlab.files import write_atomic
+from dtlab.mesh import rank_table, row_major_groups
+from dtlab.mesh.rank_arithmetic import cross_node_peer_share
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, shard_for_rank
 from dtlab.quiz import ask, check_exercise
 
@@ -628,6 +648,370 @@ ask("fault_tolerance.sdc_vote")
 
 # %%
 ask("fault_tolerance.sdc")
+
+# %% [markdown]
+# ## 10. Running real jobs: who writes a replicated tensor <a id="dedup-writes"></a>
+#
+# Data parallelism replicates the whole model; tensor parallelism replicates norms and biases;
+# HSDP replicates shards. A checkpoint needs each replicated tensor **once**, so the save picks
+# one writer among its holders. Naively every replica writes its copy (`N` times the bytes). Rank 0
+# alone writes them all (`writers="lowest"`, dtlab's default, DCP's `dedup_save_to_lowest_rank`):
+# one copy, but rank 0 writes all `R` replicated bytes while the rest wait. DCP's **default**
+# planner does better: walking the items of every rank's plan, it gives each duplicate to the
+# holder whose plan is *smallest so far* (`writers="balanced"`; `dtlab.checkpoint.dedup`), so the
+# slowest rank writes about `R/N`. Here both ranks hold the same replicated tensors and save them
+# under each policy. Look for: the bytes each rank wrote (counted from its file's entries) equal to
+# the plan, the total `N·R` only for "every", and rank 1 idle under "lowest". The write times are
+# measured on one shared disk with the page cache in between, so at these sizes they are noisy —
+# fsync and the disk, not the ranks, set them; the job-scale table after the chart prices the
+# policies where each rank has its own write bandwidth.
+
+# %%
+UNIT = 2**17 if FAST else 2**21  # float32 elements; eight tensors of 3, 1, 2, 1, 4, 2, 1, 2 units
+SIZES = [UNIT * k for k in (3, 1, 2, 1, 4, 2, 1, 2)]  # 8 MiB in all in fast mode
+
+
+def save_replicated(root: str, writers: str) -> dict:
+    from dtlab.checkpoint.write_balance import measured_save
+
+    torch.manual_seed(0)  # every replica builds the same tensors: replicated state
+    model = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(n)) for n in SIZES)
+    return measured_save(root, 1, replicated_state(model), writers)
+
+
+POLICIES = ("every", "lowest", "balanced")
+written = {w: cluster.run(save_replicated, str(WORK / f"dedup-{w}"), w) for w in POLICIES}
+items = [(f"model/{i}", 4 * n) for i, n in enumerate(SIZES)]  # (name, bytes) per rank
+print(f"{'writers':<9} {'bytes per rank (counted)':>34} {'planned':>30} {'slowest write':>14}")
+for w in POLICIES:
+    counted = [r["bytes"] for r in written[w]]
+    planned = plan_writers([items] * N, w).bytes_per_rank
+    slowest = max(r["seconds"] for r in written[w])
+    print(f"{w:<9} {str(counted):>34} {str(planned):>30} {slowest * 1e3:>11.1f} ms")
+
+# %%
+fig = make_subplots(
+    rows=1, cols=2, subplot_titles=("MB written per rank (counted)", "write time per rank (ms)")
+)
+for r in range(N):
+    fig.add_bar(
+        x=list(POLICIES),
+        y=[written[w][r]["bytes"] / 1e6 for w in POLICIES],
+        name=f"rank {r}",
+        row=1,
+        col=1,
+        legendgroup=str(r),
+    )
+    fig.add_bar(
+        x=list(POLICIES),
+        y=[written[w][r]["seconds"] * 1e3 for w in POLICIES],
+        name=f"rank {r}",
+        row=1,
+        col=2,
+        legendgroup=str(r),
+        showlegend=False,
+    )
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, barmode="group", height=360)
+dtlab.viz.describe(
+    fig,
+    title="Replicated state saved three ways on the cluster",
+    x="writers policy",
+    caption="'every' writes N copies; 'lowest' puts every byte on rank 0; 'balanced' splits it.",
+)
+fig.show()
+
+# %% [markdown]
+# At job scale the difference is the save's length. A 70B model's BF16 weights (140 GB) are
+# replicated over 8 data-parallel replicas, each rank writing at 2 GB/s into a file system that
+# takes 20 GB/s in all. Look for: "lowest" eight times slower than "balanced", and "every" no
+# faster than "lowest" (each rank writes a whole copy) with eight copies on storage.
+
+# %%
+print(f"{'writers':<9} {'save (s)':>9}")
+for w in POLICIES:
+    print(f"{w:<9} {write_seconds(w, 140e9, 8, 2e9, shared_storage_bytes_per_s=20e9):>9.1f}")
+
+# %%
+ask("checkpointing.dedup_balanced_rule")
+
+# %%
+ask("checkpointing.dedup_write_seconds")
+
+# %% [markdown]
+# ## 11. Which ranks form each group: mesh rank arithmetic <a id="mesh-ranks"></a>
+#
+# A device mesh numbers its ranks **row-major**: the last dimension is innermost, so along a
+# dimension of stride `s` a group is `base, base + s, base + 2s, …`. torchrun numbers ranks node
+# by node, so only the innermost dimensions stay inside a node. The silent bug is a reversed
+# shape: `init_device_mesh(device, (8, 2), mesh_dim_names=("tp", "dp"))` on two nodes of eight
+# runs and trains correctly — but `tp` is outermost with stride 2, every TP group is half on each
+# node, and every layer's all-reduce crosses the network. `dtlab.mesh.rank_table` prints the
+# groups with the nodes they span. Look for: `<- spans 2 nodes` on each TP group of the reversed
+# shape only, and in the picture each TP group (one colour) filling one row, or striping both.
+
+# %%
+RIGHT, REVERSED = ((2, 8), ("dp", "tp")), ((8, 2), ("tp", "dp"))
+print(rank_table(*REVERSED, ranks_per_node=8))
+for label, (shape, names) in (("tp innermost", RIGHT), ("reversed", REVERSED)):
+    share = cross_node_peer_share(shape, names, "tp", 8)
+    print(f"{label:<13} TP ring hops that cross nodes: {share:.0%}")
+
+# %%
+fig = make_subplots(
+    rows=1, cols=2, subplot_titles=("(dp=2, tp=8): tp innermost", "(tp=8, dp=2): reversed")
+)
+for col, (shape, names) in enumerate((RIGHT, REVERSED), start=1):
+    group_of = {r: i for i, g in enumerate(row_major_groups(shape, names)["tp"]) for r in g}
+    fig.add_heatmap(
+        z=[[group_of[n * 8 + k] for k in range(8)] for n in range(2)],
+        text=[[str(n * 8 + k) for k in range(8)] for n in range(2)], texttemplate="%{text}",
+        y=["node 0", "node 1"], x=[f"GPU {k}" for k in range(8)], showscale=False,
+        colorscale=[[0, "#1f77b4"], [1, "#ff7f0e"]], row=1, col=col,
+    )  # fmt: skip
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, height=300)
+dtlab.viz.describe(
+    fig,
+    title="TP groups (colour) over two nodes of eight GPUs, rank in each cell",
+    x="GPU in the node",
+    y="node",
+    caption="Right: each TP group fills one node. Reversed: every TP group is split across both.",
+)
+fig.show()
+
+# %% [markdown]
+# `dtlab.mesh.Mesh` refuses a TP group that leaves a node unless asked (`allow_tp_across_nodes`).
+# On the cluster, pretend each rank is its own node (`ranks_per_node=1`). Look for the refusal
+# naming the group, and the same mesh accepted when asked.
+
+
+# %%
+def tp_mesh(allow: bool) -> str:
+    from dtlab.mesh import Mesh
+
+    return Mesh(tp=dtlab.world_size(), ranks_per_node=1, allow_tp_across_nodes=allow).describe()
+
+
+try:
+    cluster.run(tp_mesh, False)
+except dtlab.RankError as error:
+    print("refused:", str(error).splitlines()[0][:160])
+print(cluster.run(tp_mesh, True)[0])
+
+# %%
+ask("fault_tolerance.mesh_reversed_shape")
+
+# %%
+ask("fault_tolerance.mesh_group_of_rank")
+
+# %% [markdown]
+# ## 12. RL weight sync: from the trainer's shards to the engine's <a id="rl-weight-sync"></a>
+#
+# In RL post-training an inference engine generates rollouts with the latest policy, so after each
+# step the trainer's weights must reach it — resharded: the trainer holds FSDP flat shards (trainer
+# `t` of `T` a flat range of each weight), the engine tensor-parallel slices (rows of a
+# column-parallel matrix, columns of a row-parallel one). It is a checkpoint that never touches
+# storage (`dtlab.checkpoint.weight_sync`). Three ways, on 2 trainer and 2 engine ranks:
+# a **rank-0 funnel** (gather to trainer 0, send each engine rank a whole copy), **gather +
+# broadcast** (one broadcast over a group spanning trainer 0 and the engine), and **resharded
+# point to point** (each trainer sends each engine rank only the elements they share). Look for:
+# every engine rank holding exactly its slice, and the busiest sender's counted bytes `I·P·b`,
+# `P·b` and `P·b/T` — the formula beside each.
+
+# %%
+SYNC = SyncLayout(
+    trainers=(0, 1),
+    engines=(2, 3),
+    shapes={"qkv": (96, 32), "proj": (32, 32), "fc_in": (128, 32), "fc_out": (32, 128)},
+    engine_dims={"qkv": 0, "proj": 1, "fc_in": 0, "fc_out": 1},  # column, row, column, row
+)
+
+
+def sync_once(method: str) -> dict:
+    from dtlab.checkpoint.weight_sync import engine_slice, sync_weights, trainer_shards
+
+    g = torch.Generator().manual_seed(3)
+    weights = {n: torch.randn(s, generator=g) for n, s in SYNC.shapes.items()}
+    out = sync_weights(SYNC, method, trainer_shards(SYNC, weights, dtlab.rank()))
+    if dtlab.rank() in SYNC.engines:
+        want = engine_slice(SYNC, weights, dtlab.rank())
+        out["right"] = all(torch.equal(out["slices"][n], want[n]) for n in want)
+    return {"bytes_sent": out["bytes_sent"], "right": out.get("right")}
+
+
+with dtlab.Cluster(4, device="cpu") as four_ranks:
+    synced = {m: four_ranks.run(sync_once, m) for m in SYNC_METHODS}
+print(
+    f"{'method':<10} {'engines right':>13} {'busiest sender':>15} {'formula':>9} {'total':>8} {'formula':>8}"
+)
+for m in SYNC_METHODS:
+    sent = [r["bytes_sent"] for r in synced[m]]
+    f = weight_sync_bytes(SYNC.num_params, 2, 2, m, bytes_per_param=4)
+    right = all(r["right"] for r in synced[m][2:])
+    print(
+        f"{m:<10} {right!s:>13} {max(sent):>15,} {f['busiest_sender']:>9,.0f} {sum(sent):>8,} {f['total']:>8,.0f}"
+    )
+
+# %%
+fig = go.Figure()
+for r, role in enumerate(("trainer 0", "trainer 1", "engine 0", "engine 1")):
+    fig.add_bar(
+        x=list(SYNC_METHODS), y=[synced[m][r]["bytes_sent"] / 1e3 for m in SYNC_METHODS], name=role
+    )
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, barmode="group", height=340)
+dtlab.viz.describe(
+    fig,
+    title="Bytes each rank sent for one weight sync (counted)",
+    x="method",
+    y="kB sent",
+    caption="The funnel loads trainer 0 with a copy per engine rank; resharding spreads one copy.",
+)
+fig.show()
+
+# %% [markdown]
+# At job scale: a 70B policy in BF16 on 64 trainer GPUs, synced into an engine with TP = 8, every
+# link 50 GB/s (one NIC per GPU). Then the step: colocated (trainer and engine take turns on the
+# same GPUs) or disaggregated, strictly on-policy or one step off-policy (the engine generates the
+# next batch with weights one version old while the trainer trains). Look for: the funnel's 8×,
+# and the off-policy step hiding training behind generation.
+
+# %%
+for m in SYNC_METHODS:
+    busiest = weight_sync_bytes(70e9, 64, 8, m)["busiest_sender"]
+    print(f"{m:<10} busiest sender {busiest / 1e9:>7.1f} GB → {busiest / 50e9:>6.2f} s")
+TRAIN, GENERATE = 20.0, 60.0
+sync_s = weight_sync_bytes(70e9, 64, 8, "broadcast")["busiest_sender"] / 50e9
+for label, colocated, k in (
+    ("colocated", True, 0),
+    ("disaggregated, on-policy", False, 0),
+    ("disaggregated, 1 step stale", False, 1),
+):
+    print(f"{label:<28} {rl_step_seconds(TRAIN, GENERATE, sync_s, colocated, k):>6.1f} s per step")
+
+# %%
+ask("checkpointing.rl_sync_funnel_seconds")
+
+# %%
+ask("checkpointing.rl_sync_staleness")
+
+# %% [markdown]
+# ## 13. Spare pools or elastic shrinking <a id="spare-pools"></a>
+#
+# A failed node is out for hours (drain, diagnose, swap a GPU, burn in). With `n` nodes each
+# failing once per `M` and out for `R`, the number out at once is Poisson with mean `n·R/M` (an
+# M/G/∞ queue). A **hot-spare pool** of `k` idle nodes restarts the job at full size while at most
+# `k` are out: size `k` from the Poisson tail, and pay `k/(n+k)` of the fleet to idle. **Elastic
+# shrinking** keeps no spares: the job drops the data-parallel replica that held the failed node
+# (`g` nodes) and runs narrower until the repair. Below, a simulated fleet of 2,048 nodes (each
+# failing once a year, 24 h repairs) sampled every two hours for a year — a simulation, not a
+# measurement. Look for: the histogram on the Poisson curve, the 99 % pool covering all but ~1 %
+# of the samples, and the two strategies' throughput side by side.
+
+# %%
+HOUR, YEAR = 3600.0, 365 * 24 * 3600.0
+FLEET, NODE_MTBF, REPAIR, PER_REPLICA = 2048, YEAR, 24 * HOUR, 16
+seen = simulate_nodes_down(FLEET, NODE_MTBF, REPAIR, YEAR, 2 * HOUR, seed=0)
+mean_down = nodes_down_mean(FLEET, NODE_MTBF, REPAIR)
+counts = range(max(seen) + 1)
+fig = go.Figure()
+fig.add_bar(
+    x=list(counts), y=[seen[k] / sum(seen.values()) for k in counts], name="simulated fleet"
+)
+fig.add_scatter(
+    x=list(counts), y=[poisson_cdf(k, mean_down) - poisson_cdf(k - 1, mean_down) for k in counts],
+    name=f"Poisson, mean n·R/M = {mean_down:.1f}", mode="lines+markers",
+)  # fmt: skip
+pool = spare_pool_size(FLEET, NODE_MTBF, REPAIR, 0.99)
+fig.add_vline(x=pool + 0.5, line_dash="dot", annotation_text=f"99 % pool: {pool} spares")
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, height=340)
+dtlab.viz.describe(
+    fig,
+    title="Nodes out at once: 2,048 nodes, MTBF 1 year each, 24 h repairs",
+    x="nodes out at the same time",
+    y="share of samples",
+    caption="The simulated fleet follows the Poisson curve; the pool must cover its right tail.",
+)
+fig.show()
+print(
+    f"samples with more than {pool} out: {share_of_time_above(seen, pool):.2%} (formula {1 - poisson_cdf(pool, mean_down):.2%})"
+)
+print(
+    f"spare pool of {pool}: {spare_pool_overhead(FLEET, pool):.2%} of the nodes idle, full speed ~99 % of the time"
+)
+print(
+    f"elastic, {PER_REPLICA} nodes per replica: {elastic_throughput(FLEET, NODE_MTBF, REPAIR, PER_REPLICA):.2%} of full throughput on average"
+)
+
+# %%
+ask("fault_tolerance.spare_pool_size")
+
+# %%
+ask("fault_tolerance.spares_vs_elastic")
+
+# %% [markdown]
+# ## 14. Timeouts: detecting a hang without killing healthy jobs <a id="timeouts"></a>
+#
+# A hung rank errors nowhere: its peers wait in a collective until a timeout fires. A long
+# timeout detects every real hang late (`hangs/h · (timeout + restart)` lost per hour); a short
+# one also kills healthy ranks that are merely slow for a while — a checkpoint write, a
+# recompilation, a straggler — each costing a restart (`pauses/h · e^(−timeout/μ) · restart` for
+# pauses of mean `μ`). The sum is smallest at `μ · ln(p·restart/(h·μ))` (`dtlab.faults.timeouts`,
+# a model, not a measurement). Start-up is the extreme pause: loading and compiling keep the
+# slowest rank from the first collective for minutes, once. Hence two timeouts —
+# `dtlab.launch(train, start_timeout=1800, timeout=300)` joins the group with the long one and,
+# after a barrier, shortens it for training (`set_training_timeout`, torchtitan's
+# `init_timeout_seconds` / `train_timeout_seconds`). Look for the curve's minimum, and how far the
+# start-up pause would push it.
+
+# %%
+HANG_RATE, RESTART_S, PAUSES, PAUSE_MEAN = 0.1, 600.0, 6.0, 30.0  # per hour, s, per hour, s
+candidates = [10.0 * k for k in range(1, 61)]
+fig = go.Figure()
+fig.add_scatter(
+    x=candidates, y=[lost_seconds_per_hour(t, HANG_RATE, RESTART_S, PAUSES, PAUSE_MEAN) for t in candidates],
+    name="lost seconds per hour (model)", mode="lines",
+)  # fmt: skip
+best = best_timeout(HANG_RATE, RESTART_S, PAUSES, PAUSE_MEAN)
+fig.add_vline(x=best, line_dash="dot", annotation_text=f"best ≈ {best:.0f} s")
+fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, height=340, yaxis={"type": "log"})
+dtlab.viz.describe(
+    fig,
+    title="Seconds lost per hour by collective timeout: late detection vs false restarts",
+    x="collective timeout (s)",
+    y="seconds lost per hour (log)",
+    caption="Too short restarts healthy jobs; too long detects hangs late; the minimum sits between.",
+)
+fig.show()
+print(
+    f"best training timeout: {best:.0f} s; a healthy 30 s pause outlasts it with p = {false_positive_share(best, PAUSE_MEAN):.1e}"
+)
+print(
+    f"start-up pauses of mean 20 min outlast it with p = {false_positive_share(best, 1200.0):.2f}: most starts would be killed"
+)
+
+# %% [markdown]
+# When a timeout fires, the question is who is missing from which collective. NCCL's flight
+# recorder keeps each rank's last collectives and dumps them on a timeout
+# (`TORCH_NCCL_TRACE_BUFFER_SIZE`, `TORCH_NCCL_DUMP_ON_TIMEOUT`). dtlab's Cluster reports the same
+# on CPU: below, rank 0 enters an all-reduce that rank 1 never posts. Look for each rank's state
+# in the report — rank 0 blocked in `all_reduce` at its line, rank 1 already returned.
+
+
+# %%
+def forgets_the_all_reduce() -> None:
+    if dtlab.rank() == 0:
+        dist.all_reduce(torch.ones(1, device=dtlab.device()))
+
+
+try:
+    cluster.run(forgets_the_all_reduce)
+except dtlab.ClusterTimeout as hang:
+    print("\n".join(str(hang).splitlines()[:8]))
+
+# %%
+ask("fault_tolerance.two_timeouts")
+
+# %%
+ask("fault_tolerance.best_timeout")
 
 # %%
 cluster.close()

@@ -222,3 +222,42 @@ def test_grader_fails_a_classic_mistake_with_its_hint(cluster2, exercise, wrong_
     result = check_exercise(exercise, wrong_answer, cluster2, record=False)
     assert not result
     assert hint in result.message
+
+
+# -- data_parallel.token_normalised_loss ----------------------------------------------------------
+def token_normalised_loss(loss_sum, n_tokens):
+    count = torch.tensor([n_tokens], dtype=torch.int64, device=loss_sum.device)
+    dist.all_reduce(count)
+    return loss_sum * dist.get_world_size() / count.item()
+
+
+def per_rank_mean(loss_sum, n_tokens):
+    return loss_sum / n_tokens
+
+
+def global_count_without_the_world_size(loss_sum, n_tokens):
+    count = torch.tensor([n_tokens], dtype=torch.int64, device=loss_sum.device)
+    dist.all_reduce(count)
+    return loss_sum / count.item()
+
+
+def hard_coded_total(loss_sum, n_tokens):
+    return loss_sum * dist.get_world_size() / 17
+
+
+def test_token_normalised_loss_passes_on_three_ranks(cluster3):
+    result = check_exercise("data_parallel.token_normalised_loss", token_normalised_loss, cluster3)
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"),
+    [
+        (per_rank_mean, "all-reduce n_tokens"),
+        (global_count_without_the_world_size, "multiply by the world size"),
+        (hard_coded_total, "all-reduce n_tokens"),
+    ],
+)
+def test_token_normalised_loss_fails_each_classic_mistake_with_its_hint(cluster2, fn, hint):
+    result = check_exercise("data_parallel.token_normalised_loss", fn, cluster2, record=False)
+    assert not result.passed and hint in result.message, result.message

@@ -84,3 +84,63 @@ def test_building_the_same_mesh_again_makes_no_new_groups(cluster4):
     first = cluster4.run(_threads_after_meshes, 1)
     again = cluster4.run(_threads_after_meshes, 10)
     assert [a <= f for f, a in zip(first, again, strict=True)] == [True] * 4, (first, again)
+
+
+# -- rank arithmetic: which ranks form each group, and the reversed shape -----------------------
+
+
+def test_reversed_shape_puts_every_tp_group_across_nodes_without_an_error():
+    from dtlab.mesh.rank_arithmetic import (
+        cross_node_peer_share,
+        groups_leaving_a_node,
+        row_major_groups,
+    )
+
+    right = row_major_groups((2, 8), ("dp", "tp"))  # two nodes of 8: tp innermost
+    wrong = row_major_groups((8, 2), ("tp", "dp"))  # the same degrees, the shape reversed
+    assert right["tp"] == [list(range(8)), list(range(8, 16))]
+    assert wrong["tp"] == [list(range(0, 16, 2)), list(range(1, 16, 2))]
+    assert groups_leaving_a_node((2, 8), ("dp", "tp"), "tp", 8) == 0
+    assert groups_leaving_a_node((8, 2), ("tp", "dp"), "tp", 8) == 2
+    assert cross_node_peer_share((8, 2), ("tp", "dp"), "tp", 8) == 2 / 8  # 2 of 8 ring hops
+
+
+def test_rank_table_marks_only_the_groups_that_span_nodes():
+    from dtlab.mesh import rank_table
+
+    table = rank_table((2, 4), ("tp", "dp"), ranks_per_node=4)
+    assert "  [0, 4]   <- spans 2 nodes" in table
+    assert "  [0, 1, 2, 3]\n" in table  # dp, inside node 0, unmarked
+    assert table.count("<- spans") == 4
+
+
+def _torch_groups_of_a_reversed_mesh() -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
+    return {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("tp", "dp")}
+
+
+def test_row_major_groups_are_the_groups_torch_init_device_mesh_builds(cluster4):
+    from dtlab.mesh.rank_arithmetic import group_containing
+
+    for rank, groups in enumerate(cluster4.run(_torch_groups_of_a_reversed_mesh)):
+        for dim in ("tp", "dp"):
+            assert groups[dim] == group_containing((2, 2), ("tp", "dp"), dim, rank)
+
+
+def _mesh_with_tp(tp: int, ranks_per_node: int, allow: bool) -> list[int]:
+    from dtlab.mesh import Mesh
+
+    mesh = Mesh(dp=4 // tp, tp=tp, ranks_per_node=ranks_per_node, allow_tp_across_nodes=allow)
+    return mesh.tp_ranks
+
+
+def test_mesh_refuses_a_tp_group_that_leaves_a_node_unless_asked(cluster4):
+    from dtlab.runtime.errors import RankError
+
+    with pytest.raises(RankError, match=r"1 tp group\(s\) span nodes of 2 ranks.*allow_tp"):
+        cluster4.run(_mesh_with_tp, 4, 2, False)
+    assert cluster4.run(_mesh_with_tp, 4, 2, True) == [[0, 1, 2, 3]] * 4
+    assert cluster4.run(_mesh_with_tp, 2, 2, False) == [[0, 1], [0, 1], [2, 3], [2, 3]]

@@ -115,3 +115,22 @@ def test_stack_dump_names_our_collective_when_it_waits_on_a_message():
         "blocked in dtlab.collectives.all_reduce (waiting in _run_streaming), "
         "called from mismatched (/tmp/ipykernel_1/123.py:4)"
     )
+
+
+def test_launch_under_torchrun_joins_with_the_start_timeout_then_trains_with_the_short_one(
+    tmp_path,
+):
+    """The start-up path runs end to end under torchrun (join with 300 s, barrier, shorten to
+    7 s); that the shortened timeout really fires is held by
+    tests/test_faults_timeouts.py::test_the_shortened_training_timeout_fires_before_a_silent_peer_wakes."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        SCRIPT.replace(
+            "dtlab.launch(rank_sum, 2.0, world_size=2)",
+            "dtlab.launch(rank_sum, 2.0, world_size=2, start_timeout=300, timeout=7)",
+        )
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run([*cmd, str(script)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [v["sum"] for v in _result_line(done.stdout)["values"]] == [2.0, 2.0]

@@ -3,6 +3,8 @@
 * :mod:`~dtlab.checkpoint.slices` — which box of a global tensor a piece holds; copy overlaps.
 * :mod:`~dtlab.checkpoint.state` — a rank's pieces under FSDP, tensor parallel or no sharding;
   RNG states.
+* :mod:`~dtlab.checkpoint.dedup` — who writes a replicated tensor: every replica, rank 0, or the
+  rank with the smallest plan so far (DCP's default); :func:`plan_writers`.
 * :mod:`~dtlab.checkpoint.storage` — rank files of raw bytes with a CRC-32 per piece.
 * :mod:`~dtlab.checkpoint.metadata` — ``metadata.json``, sealed by a CRC-32 of its own bytes.
 * :mod:`~dtlab.checkpoint.commit` — temporary directory, fsync, rename, ``COMPLETE`` last.
@@ -14,6 +16,7 @@
 
 from dtlab.checkpoint.async_save import AsyncCheckpointer, SaveHandle, snapshot
 from dtlab.checkpoint.commit import complete_checkpoints
+from dtlab.checkpoint.dedup import WritePlan, plan_writers
 from dtlab.checkpoint.metadata import read_metadata
 from dtlab.checkpoint.save_load import LoadResult, load, plan_reads, save
 from dtlab.checkpoint.slices import Box, copy_overlap, flat_range, split_along, whole
@@ -37,6 +40,7 @@ __all__ = [
     "Local",
     "LoadResult",
     "SaveHandle",
+    "WritePlan",
     "ShardedState",
     "complete_checkpoints",
     "copy_overlap",
@@ -44,6 +48,7 @@ __all__ = [
     "fsdp_state",
     "load",
     "plan_reads",
+    "plan_writers",
     "prepare_optimizer_state",
     "read_metadata",
     "replicated_state",

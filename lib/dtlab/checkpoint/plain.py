@@ -14,8 +14,9 @@ Nested dicts are walked and each leaf gets the name of its key path joined by ``
 :class:`~.state.ShardedState` uses, so the leaves become pieces:
 
 * a :class:`~.state.Local` leaf is used as it is (sharded pieces may sit beside plain ones);
-* a plain tensor is **replicated**: each rank's copy of the whole tensor, and rank 0's copy is
-  the one written (once; the deduplication DCP applies to replicated tensors). Every rank is
+* a plain tensor is **replicated**: each rank's copy of the whole tensor, written once — rank
+  0's copy under the default ``writers="lowest"``; ``writers="balanced"`` spreads the tensors
+  over the ranks by planned size as DCP's default planner does (:mod:`~.dedup`). Every rank is
   trusted to hold the same values — DDP replicas and their optimizer state do — and nothing
   compares them (that would cost every rank a pass over every byte on each save). A rank whose
   plain tensor differs, such as a shard passed as if it were whole, is not saved: pass shards as

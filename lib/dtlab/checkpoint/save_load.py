@@ -6,7 +6,8 @@ its tensors are replicated, written by rank 0):
 
 1. rank 0 opens the temporary directory (:func:`~.commit.begin`) and tells every rank its name
    (one small broadcast; the only collective of a save);
-2. each rank writes ``rank_r.bin``: its sharded pieces (rank 0 also the replicated ones) and its
+2. each rank writes ``rank_r.bin``: its sharded pieces, the replicated ones the ``writers`` policy
+   gives it (:mod:`~.dedup`: rank 0 by default, spread by planned size with ``"balanced"``) and its
    own ``extra`` (RNG states, data-loader position) — nothing else, so the write is parallel and
    every rank moves 1/N of the sharded bytes;
 3. rank 0 commits once every rank is done (:func:`~.commit.commit`).
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.checkpoint.commit import begin, checked_dir, commit, final_dir, wait_for_ranks
+from dtlab.checkpoint.dedup import WRITERS, plan_writers
 from dtlab.checkpoint.metadata import NAME, read_metadata
 from dtlab.checkpoint.plain import OBJECTS, flatten, load_targets
 from dtlab.checkpoint.slices import Box, copy_overlap, overlaps
@@ -48,13 +50,36 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def pieces_to_write(state: ShardedState, rank: int) -> list[tuple[str, torch.Tensor]]:
-    """What this rank writes: its sharded pieces, and the replicated ones if it is rank 0."""
+def pieces_to_write(
+    state: ShardedState, rank: int, writers: str = "lowest"
+) -> list[tuple[str, torch.Tensor]]:
+    """What this rank writes: its sharded pieces, and the replicated ones :mod:`~.dedup`'s
+    ``writers`` policy gives it (``"lowest"``: rank 0 writes them all; ``"every"``: every
+    replica; ``"balanced"``: DCP's smallest-plan-so-far rule — one small all-gather of every
+    rank's item sizes, collective)."""
+    if writers not in WRITERS:
+        raise ValueError(f"writers={writers!r} is not a policy; choose one of {WRITERS}")
+    mine = [(name, local) for name, local in state.items() if local.box.numel]
+    if writers == "balanced":
+        _, world = _rank_world()
+        items = [(_item_key(n, local, rank), local.tensor.nbytes) for n, local in mine]
+        plans: list = [None] * world
+        if world > 1:
+            dist.all_gather_object(plans, items)
+        else:
+            plans = [items]
+        chosen = set(plan_writers(plans, "balanced").keys[rank])
+        return [(n, local.tensor) for n, local in mine if _item_key(n, local, rank) in chosen]
     return [
         (name, local.tensor)
-        for name, local in state.items()
-        if local.box.numel and (rank == 0 or not local.replicated)
+        for name, local in mine
+        if writers == "every" or rank == 0 or not local.replicated
     ]
+
+
+def _item_key(name: str, local, rank: int) -> str:
+    """Equal on every holder of a replicated piece, unique for a sharded one."""
+    return name if local.replicated else f"{name}@{rank}"
 
 
 def start_save(root: str | Path, step: int) -> Path:
@@ -116,6 +141,8 @@ def finish_save(temp: Path, step: int, world: int, timeout_s: float = 300.0) -> 
                 e["name"],
                 {"global_shape": e["global_shape"], "dtype": e["tensor_dtype"], "pieces": []},
             )
+            if any(p["box"] == e["box"] for p in t["pieces"]):
+                continue  # a second copy of a replicated piece (writers="every"): one is enough
             t["pieces"].append(e)
     meta = {"step": step, "world_size": world, "tensors": tensors, "extras": extras}
     if objects is not None:
@@ -133,10 +160,13 @@ def save(
     state: ShardedState | Mapping,
     extra=None,
     before_flag: Callable[[], None] | None = None,
+    writers: str = "lowest",
 ) -> Path:
     """Every rank: write this rank's pieces and ``extra``; return once the checkpoint is committed.
 
     ``state``: a :class:`~.state.ShardedState`, or a plain (nested) state dict (:mod:`~.plain`).
+    ``writers``: who writes a replicated piece (:mod:`~.dedup`): ``"lowest"`` (rank 0, the
+    default), ``"balanced"`` (DCP's default planner) or ``"every"`` (each replica, the naive save).
     """
     rank, world = _rank_world()
     state, structure = flatten(state)
@@ -145,7 +175,7 @@ def save(
     write_rank(
         temp,
         rank,
-        pieces_to_write(state, rank),
+        pieces_to_write(state, rank, writers),
         boxes_of(state),
         extra,
         before_flag,

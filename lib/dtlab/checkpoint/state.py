@@ -14,8 +14,12 @@ its box — so the layout you load into may differ from the layout that saved.
 * :func:`replicated_state` — a plain (or DDP-replicated) module: every tensor whole.
 
 Optimizer state follows its parameter: a tensor of the parameter's size gets the parameter's box,
-a scalar (Adam's ``step``) is replicated. Replicated pieces are written by rank 0 only (the
-deduplication torch.distributed.checkpoint also does).
+a scalar (Adam's ``step``) is replicated. A replicated piece is written once: by rank 0 under
+:func:`~dtlab.checkpoint.save`'s default ``writers="lowest"`` (DCP's
+``dedup_save_to_lowest_rank=True``), or spread over the replicas by planned size with
+``writers="balanced"`` — which is what ``torch.distributed.checkpoint``'s *default* planner does:
+each duplicate goes to the holder whose plan is smallest so far, not to rank 0
+(:mod:`~dtlab.checkpoint.dedup`).
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ def tensor_parallel_state(
 def replicated_state(
     module: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> ShardedState:
-    """Pieces of an unsharded module: every tensor whole (rank 0 writes them)."""
+    """Pieces of an unsharded module: every tensor whole and replicated (written once; who
+    writes each is :func:`~dtlab.checkpoint.save`'s ``writers`` policy)."""
     state: ShardedState = {}
     for name, p in module.named_parameters():
         state[f"model/{name}"] = Local(p.data, whole(p.shape), True)

@@ -8,6 +8,20 @@ NCCL group spanning trainer and engine ranks (OpenRLHF, veRL), or colocate both 
 GPUs and hand over in device memory. :func:`weight_sync_seconds` prices the transfer at the
 bandwidth of the path used.
 
+**Three ways to move them** (:mod:`dtlab.checkpoint.weight_sync` runs each on ranks, counted):
+a *rank-0 funnel* (gather the shards to trainer 0, send a whole copy to each of the ``I`` engine
+ranks: trainer 0 sends ``I·P·b``), *gather + broadcast* (one pipelined broadcast from trainer 0
+over a group spanning both jobs: ``P·b`` per link), and *resharded point to point* (each trainer
+sends each engine rank only the overlap of their shards: ``P·b`` in all, ``P·b/T`` per trainer).
+:func:`weight_sync_bytes` gives the busiest sender's and the total bytes of each.
+
+**Colocated or disaggregated, and staleness.** Colocated (trainer and engine time-share the same
+GPUs, veRL's hybrid engine) the weights move in device memory, but generation and training
+alternate: a step lasts ``train + generate``. Disaggregated (separate GPUs) they can overlap if
+the engine generates with weights one step old (one-step off-policy, as in asynchronous RL):
+``max(train, generate) + sync``, at the price of rollouts ``k`` policy versions stale; strictly
+on-policy, they still alternate and the sync adds to it: :func:`rl_step_seconds`.
+
 **Local SGD / DiLoCo.** Each data-parallel replica takes ``H`` optimizer steps on its own, then
 the replicas average the change (the *pseudo-gradient*) and an outer optimizer applies it
 (DiLoCo: AdamW inside, Nesterov momentum outside; Douillard et al. 2023, "DiLoCo: Distributed
@@ -35,3 +49,48 @@ def local_sgd_bytes_per_step(
     if num_params <= 0 or dp < 1 or inner_steps < 1 or bytes_per_elem <= 0:
         raise ValueError("need num_params > 0, dp >= 1, inner_steps >= 1, bytes_per_elem > 0")
     return 2 * (dp - 1) / dp * num_params * bytes_per_elem / inner_steps
+
+
+SYNC_METHODS = ("funnel", "broadcast", "reshard")
+
+
+def weight_sync_bytes(
+    num_params: float, trainers: int, engines: int, method: str, bytes_per_param: float = 2
+) -> dict[str, float]:
+    """Bytes of one trainer → engine sync (``P`` params, ``T`` trainer ranks holding flat shards,
+    ``I`` engine ranks): ``{"busiest_sender": ..., "total": ...}``.
+
+    funnel:    gather ``(T−1)/T·P·b`` to trainer 0, which sends ``I·P·b`` → busiest ``I·P·b``;
+    broadcast: the same gather, then a chain broadcast over ``1 + I`` ranks: ``I`` of them each
+               forward ``P·b`` → busiest ``P·b``;
+    reshard:   each trainer sends its whole shard once, split among engines → busiest ``P·b/T``,
+               total ``P·b``.
+    """
+    if method not in SYNC_METHODS:
+        raise ValueError(f"method={method!r}: choose one of {SYNC_METHODS}")
+    if num_params <= 0 or trainers < 1 or engines < 1 or bytes_per_param <= 0:
+        raise ValueError("need num_params > 0, trainers >= 1, engines >= 1, bytes_per_param > 0")
+    copy = num_params * bytes_per_param
+    gather = (trainers - 1) / trainers * copy
+    if method == "reshard":
+        return {"busiest_sender": copy / trainers, "total": copy}
+    if method == "funnel":
+        return {
+            "busiest_sender": max(engines * copy, copy / trainers),
+            "total": gather + engines * copy,
+        }
+    return {"busiest_sender": copy, "total": gather + engines * copy}
+
+
+def rl_step_seconds(
+    train_s: float, generate_s: float, sync_s: float, colocated: bool, off_policy_steps: int = 0
+) -> float:
+    """Seconds per RL step. Colocated: ``train + generate + sync`` (the sync is a copy in device
+    memory, small but not zero). Disaggregated on-policy (``off_policy_steps = 0``): the engine
+    waits for the new weights, ``train + sync + generate``. Disaggregated and ``k ≥ 1`` steps
+    off-policy: generation of the next batch overlaps training, ``max(train, generate) + sync``."""
+    if min(train_s, generate_s, sync_s) < 0 or off_policy_steps < 0:
+        raise ValueError("times must be >= 0 seconds and off_policy_steps >= 0")
+    if colocated or off_policy_steps == 0:
+        return train_s + generate_s + sync_s
+    return max(train_s, generate_s) + sync_s

@@ -9,6 +9,10 @@
 * :mod:`~dtlab.faults.sdc` — silent data corruption: the cross-replica parameter checksum (sees a
   corrupted copy, not a compute error), the same-batch gradient check, planted bit flips.
 * :mod:`~dtlab.faults.goodput` — goodput vs checkpoint interval on a simulated failure trace.
+* :mod:`~dtlab.faults.timeouts` — collective timeouts: detection cost against false restarts,
+  a long start-up and a short training timeout, what a timeout's dump must say.
+* :mod:`~dtlab.faults.spares` — nodes out at once in a simulated fleet, against the Poisson tail
+  that sizes a hot-spare pool (:func:`dtlab.cost.reliability.spare_pool_size`).
 """
 
 from dtlab.faults.goodput import failure_trace, goodput_curve, replay
@@ -22,6 +26,7 @@ from dtlab.faults.sdc import (
     parameter_checksums,
     wrong_output,
 )
+from dtlab.faults.spares import share_of_time_above, simulate_nodes_down
 from dtlab.faults.supervisor import Attempt, Recovery, run_with_recovery
 
 __all__ = [
@@ -42,6 +47,8 @@ __all__ = [
     "parameter_checksums",
     "replay",
     "run_with_recovery",
+    "share_of_time_above",
+    "simulate_nodes_down",
     "train_replicas",
     "train_with_checkpoints",
     "wrong_output",

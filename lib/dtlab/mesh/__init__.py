@@ -5,6 +5,9 @@
 * :mod:`~dtlab.mesh.layout_rules` — does this layout fit this model? Every layout rule (tp, pp,
   cp, ep against heads, layers, sequence, experts) and the one :func:`divisors`, used by the
   planner, ``compose``, every parallel family and the labs; pure arithmetic too.
+* :mod:`~dtlab.mesh.rank_arithmetic` — which global ranks form each group of a row-major mesh
+  (any shape and order, as ``init_device_mesh`` builds it) and which groups leave a node: the
+  reversed-shape bug that puts TP across nodes, printed by :func:`rank_table`.
 * :mod:`~dtlab.mesh.mesh` — :class:`Mesh`, the layout on a running rank: torch ``DeviceMesh``
   groups with sentence-like names (``mesh.tp_group``, ``mesh.is_first_pp_stage``), and
   :func:`split_into_groups`, its one-dimensional case (the world cut into blocks).
@@ -16,6 +19,7 @@ its group cache) and nothing in the runtime imports it.
 from dtlab.mesh.layout import ORDER, Layout, layouts_of
 from dtlab.mesh.layout_rules import divisors, fit_check, model_layout_problems, validate_layout
 from dtlab.mesh.mesh import Mesh, split_into_groups
+from dtlab.mesh.rank_arithmetic import rank_table, row_major_groups
 
 __all__ = [
     "ORDER",
@@ -25,6 +29,8 @@ __all__ = [
     "fit_check",
     "layouts_of",
     "model_layout_problems",
+    "rank_table",
+    "row_major_groups",
     "split_into_groups",
     "validate_layout",
 ]

@@ -7,7 +7,10 @@ groups in one agreed order on every rank, which is what keeps collectives from d
 What this class adds is the teaching surface: sentence-like names (``mesh.tp_group``,
 ``mesh.is_first_pp_stage``), plain rank lists for :mod:`dtlab.collectives` (which needs no
 ``new_group``), the expert-parallel groups carved out of ``dp`` (not a ``DeviceMesh``
-dimension), and a layout checked by :class:`~dtlab.mesh.layout.Layout` before anything starts.
+dimension), a layout checked by :class:`~dtlab.mesh.layout.Layout` before anything starts, and a
+refusal of a TP group that leaves a node (``ranks_per_node``, torchrun's ``LOCAL_WORLD_SIZE`` by
+default) unless ``allow_tp_across_nodes=True``; ``mesh.describe()`` prints every group and the
+nodes it spans (:mod:`~dtlab.mesh.rank_arithmetic`).
 
     mesh = Mesh(dp=2, tp=2)                 # inside cluster.run(...) on 4 ranks
     mesh.tp_ranks, mesh.tp_rank             # e.g. [2, 3], 1
@@ -25,6 +28,7 @@ import torch.distributed as dist
 
 from dtlab.mesh.layout import ORDER, Layout
 from dtlab.mesh.layout_rules import divisors
+from dtlab.mesh.rank_arithmetic import rank_table, tp_leaves_node_problems
 from dtlab.runtime.context import cached_groups, device, group_of, rank, world_size
 
 DIMS = (*ORDER, "ep", "edp")
@@ -67,6 +71,7 @@ class Mesh:
         *,
         device_type: str | None = None,
         ranks_per_node: int | None = None,
+        allow_tp_across_nodes: bool = False,
         **degrees,
     ):
         if not dist.is_initialized():
@@ -76,6 +81,9 @@ class Mesh:
         self.rank = dist.get_rank()
         self.coordinates = self.layout.coordinates(self.rank)
         self.ranks_per_node = _ranks_per_node(ranks_per_node, dist.get_world_size())
+        problems = tp_leaves_node_problems(self.layout.shape, ORDER, self.ranks_per_node)
+        if problems and not allow_tp_across_nodes:
+            raise ValueError(problems[0])
         if device_type is None:
             device_type = device().type
         key = ("mesh", device_type, self.layout.shape, self.layout.ep)
@@ -99,6 +107,10 @@ class Mesh:
             f"{n}={getattr(self.layout, n)}" for n in ("dp", "tp", "pp", "cp", "ep")
         )
         return f"Mesh({degrees}; rank {self.rank} at {self.coordinates})"
+
+    def describe(self) -> str:
+        """Every group of every dimension with the nodes it spans (:func:`rank_table`)."""
+        return rank_table(self.layout.shape, ORDER, self.ranks_per_node)
 
     # -- nodes ---------------------------------------------------------------------------------
     def node_of(self, rank: int) -> int:

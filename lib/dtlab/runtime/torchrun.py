@@ -84,17 +84,57 @@ def _leave_process_group() -> None:
     dist.destroy_process_group()
 
 
+def set_training_timeout(timeout_s: float, group: dist.ProcessGroup | None = None) -> bool:
+    """Once every rank is ready, shorten ``group``'s collective timeout to ``timeout_s``.
+
+    Start-up (imports, loading a checkpoint, compiling) can keep the slowest rank away from the
+    first collective for minutes, so the group is joined with a long timeout; after that, a short
+    one detects a hang in seconds (:mod:`dtlab.faults.timeouts`). Every rank of ``group`` passes
+    one barrier under the long timeout, then the timeout is changed with torch's
+    ``distributed_c10d._set_pg_timeout`` (what torchtitan does; private, present in torch
+    2.11–2.14). Without it the long timeout stays, a warning says so, and this returns ``False``.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive seconds, got {timeout_s!r}")
+    dist.barrier(group=group)
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is None:
+        import warnings
+
+        warnings.warn(
+            "this torch has no distributed_c10d._set_pg_timeout: the process group keeps its "
+            "start-up timeout for training",
+            stacklevel=2,
+        )
+        return False
+    setter(timedelta(seconds=timeout_s), group)
+    return True
+
+
 def launch(
-    fn, *args, world_size: int | None = None, device: str = "auto", timeout: float = 600.0, **kwargs
+    fn,
+    *args,
+    world_size: int | None = None,
+    device: str = "auto",
+    timeout: float = 600.0,
+    start_timeout: float | None = None,
+    **kwargs,
 ):
     """Run ``fn(*args, **kwargs)`` on every rank and return the results in rank order.
 
     Under torchrun the world size comes from the launcher and ``world_size`` is ignored.
+    ``timeout``: seconds a collective may wait (under torchrun) or a run may take (a Cluster).
+    ``start_timeout``: seconds the ranks get to start and meet at their first collective; when
+    given under torchrun the group is joined with it and shortened to ``timeout`` after one
+    barrier (:func:`set_training_timeout`) — a long first-collective timeout and a short training
+    one. Without it, one ``timeout`` serves both, as before.
     """
     if running_under_torchrun():
         from dtlab.runtime.cluster import RunResult
 
-        init_from_env(timeout_s=timeout)
+        init_from_env(timeout_s=start_timeout if start_timeout is not None else timeout)
+        if start_timeout is not None:
+            set_training_timeout(timeout)
         rank = dist.get_rank()
         started = time.perf_counter()
         trace.begin_call(rank)
@@ -114,5 +154,6 @@ def launch(
 
     if world_size is None:
         raise ValueError("launch() outside torchrun needs world_size=N (how many local ranks)")
-    with Cluster(world_size, device=device, timeout=timeout) as cluster:
+    starting = {} if start_timeout is None else {"start_timeout": start_timeout}
+    with Cluster(world_size, device=device, timeout=timeout, **starting) as cluster:
         return cluster.run(fn, *args, **kwargs)

@@ -5,6 +5,8 @@
 * :mod:`.sharding` — contiguous and zig-zag (load-balanced causal) token layouts, positions explicit;
 * :mod:`.ulysses` — DeepSpeed-Ulysses: all-to-all sequence ↔ heads around full attention;
 * :mod:`.allgather` — Llama 3's variant: all-gather K/V, attend locally (for comparison);
+* :mod:`.documents` — packed documents: the document mask in the ring (blocks no document spans
+  skipped), the imbalance it brings back, and document-aware zig-zag sharding;
 * :mod:`.agreement` — before any K/V moves, the ranks check they hold shards of one shape;
 * :mod:`.model` — apply either to the lab GPT from outside.
 """
@@ -15,6 +17,10 @@ from dtlab.parallel.context.blockwise import (
     block_attention_backward,
     merge,
     unmasked_scores,
+)
+from dtlab.parallel.context.documents import (
+    document_ring_attention,
+    document_zigzag_positions,
 )
 from dtlab.parallel.context.model import (
     CP_STYLES,
@@ -35,6 +41,8 @@ __all__ = [
     "block_attention",
     "block_attention_backward",
     "check_heads",
+    "document_ring_attention",
+    "document_zigzag_positions",
     "merge",
     "parallelize_context",
     "ring_attention",

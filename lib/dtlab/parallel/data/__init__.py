@@ -19,6 +19,9 @@ Read the files in this order; each DDP is a small diff on the one before:
    workers push gradients point to point and never wait — at the price of stale gradients.
 7. :mod:`~dtlab.parallel.data.equivalence` — the yardstick: does a distributed run train exactly
    like one process (:data:`FP32_STEP_TOLERANCE`, :class:`TiedToyModel`)?
+8. :mod:`~dtlab.parallel.data.loss_normalization` — :func:`normalised_loss`: ranks with different
+   numbers of tokens divide by the all-reduced global count, not their own (per-rank means
+   misweight tokens).
 
 What the DDPs share with ZeRO/FSDP — the start-up broadcast, the end-of-backward queue and the bucketing rule — is in
 :mod:`dtlab.parallel.gradient_sync`; ZeRO and FSDP themselves are :mod:`dtlab.parallel.zero`.
@@ -41,6 +44,7 @@ from dtlab.parallel.data.equivalence import (
     toy_batches,
     train_single_process,
 )
+from dtlab.parallel.data.loss_normalization import normalised_loss
 from dtlab.parallel.data.naive import NaiveDDP
 from dtlab.parallel.data.overlapped import OverlappedDDP
 from dtlab.parallel.data.straggler import Straggler, straggle
@@ -57,6 +61,7 @@ __all__ = [
     "TiedToyModel",
     "lm_loss",
     "max_abs_difference",
+    "normalised_loss",
     "parameters_by_name",
     "rank_slice",
     "run_async_sgd",

@@ -200,3 +200,96 @@ def grade_bucketed_hook(fn: Callable, cluster: Any) -> GradeResult:
         f"every rank matches torch DDP within {worst:.1e} (tolerance {tolerance:g}).",
         {"elements per bucket": sizes, "max |Δparam|": f"{worst:.2e}"},
     )
+
+
+# -- data_parallel.token_normalised_loss ---------------------------------------------------------
+# ``fn(loss_sum, n_tokens) -> loss``: this rank's summed token losses and token count in, the loss
+# to call backward on out, such that DDP's gradient AVERAGE over N ranks is the single-process
+# gradient of the mean over all T tokens: all-reduce the count, return N · loss_sum / T. The
+# grader runs a per-token linear model in fp64 on ranks holding different numbers of tokens
+# (twice, with different counts, so a hard-coded total fails), averages the gradients as DDP does,
+# and compares with one process over all tokens (1e-12). On the wire: the learner's function may
+# issue only all-reduces, and one of them must carry the count (a few bytes, not the tokens).
+TOKEN_LENGTHS = ((3, 9, 5), (6, 2, 7))
+ONE_COUNT_ALL_REDUCE = "all-reduce the token count (one small integer tensor); nothing else moves"
+
+
+def _tokens(total: int):
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(total, 4, generator=g, dtype=torch.float64)
+    return x, torch.randn(total, generator=g, dtype=torch.float64)
+
+
+def _normalised_gradient_on_rank(fn: Callable, lengths: tuple) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import dtlab
+
+    rank, world, device = dist.get_rank(), dist.get_world_size(), dtlab.device()
+    x, y = (t.to(device) for t in _tokens(sum(lengths)))
+    start = sum(lengths[:rank])
+    x, y = x[start : start + lengths[rank]], y[start : start + lengths[rank]]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False).double().to(device)
+    loss_sum = ((model(x).squeeze(-1) - y) ** 2).sum()
+    with watching({"all_reduce"}, ONE_COUNT_ALL_REDUCE, dtlab_collectives=False) as wire:
+        loss = fn(loss_sum, len(y))
+    loss.backward()
+    grad = model.weight.grad.detach().clone()
+    dist.all_reduce(grad)  # what DDP does after backward: sum, then divide by N
+    grad /= world
+    return {"grad": grad.cpu(), "moved": [c.payload_bytes for c in wire.collectives]}
+
+
+def _single_process_gradient(lengths: tuple):
+    import torch
+
+    x, y = _tokens(sum(lengths))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False).double()
+    ((model(x).squeeze(-1) - y) ** 2).mean().backward()
+    return model.weight.grad.detach().clone()
+
+
+@exercise(
+    "data_parallel.token_normalised_loss",
+    title="Normalise the loss by the global token count",
+    world_size=3,
+)
+def grade_token_normalised_loss(fn: Callable, cluster: Any) -> GradeResult:
+    """``fn(loss_sum, n_tokens) -> loss`` giving DDP's averaged gradient = the all-token mean's."""
+    worst, world = 0.0, cluster.world_size
+    for base in TOKEN_LENGTHS:  # unequal counts on every rank, whatever the world size
+        lengths = tuple(base[r % len(base)] + r // len(base) for r in range(world))
+        results = cluster.run(_normalised_gradient_on_rank, fn, lengths)
+        want = _single_process_gradient(lengths)
+        got = results[0]["grad"]
+        ratio = float((got.norm() / want.norm()).item())
+        error = float((got - want).abs().max().item())
+        if error > 1e-12:
+            hint = (
+                f"your gradient is {ratio:.3g}× the right one's size: DDP divides the summed "
+                f"gradients by N = {len(lengths)}, so multiply by the world size"
+                if abs(ratio * len(lengths) - 1) < 1e-6 or abs(ratio / len(lengths) - 1) < 1e-6
+                else "each token must weigh 1/T with T = all ranks' tokens: all-reduce n_tokens "
+                "(a tensor), then return world_size · loss_sum / T"
+            )
+            raise AssertionError(
+                f"with {lengths} tokens per rank your averaged gradient differs from one process "
+                f"over all {sum(lengths)} tokens by up to {error:.3g}; {hint}"
+            )
+        if not any(0 < b <= 16 for r in results for b in r["moved"]):
+            raise NotTheSkill(
+                "the gradient is right but no small all-reduce of the token count was seen; "
+                + ONE_COUNT_ALL_REDUCE
+            )
+        worst = max(worst, error)
+    return GradeResult(
+        True,
+        f"on {world} ranks holding different numbers of tokens (two draws), DDP's averaged "
+        f"gradient equals one process over all tokens (max |Δ| {worst:.1e}).",
+        {"max |Δgrad|": f"{worst:.1e}"},
+    )
