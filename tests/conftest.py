@@ -46,6 +46,11 @@ def _make_cluster(world_size: int):
 
 
 @pytest.fixture(scope="session")
+def cluster1():
+    yield from _make_cluster(1)
+
+
+@pytest.fixture(scope="session")
 def cluster2():
     yield from _make_cluster(2)
 

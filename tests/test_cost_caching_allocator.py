@@ -53,3 +53,42 @@ def test_fragmentation_ooms_with_room_on_the_device_and_expandable_segments_fit(
 def test_bad_sizes_say_so():
     with pytest.raises(ValueError, match="must be > 0"):
         CachingAllocator(MiB).malloc(0)
+
+
+def test_replaying_the_demo_as_a_trace_reproduces_its_fragmentation():
+    from dtlab.cost.caching_allocator import fragmentation_demo_trace, replay
+
+    alloc, peaks = replay(fragmentation_demo_trace(6), 1024 * MiB)
+    demo = fragmentation_demo(1024, steps=6)
+    assert alloc.reserved / MiB == demo["reserved_mib"] == 900
+    assert (alloc.reserved - alloc.allocated) / MiB == demo["cached_mib"] == 300
+    assert alloc.largest_free_block / MiB == demo["largest_free_mib"] == 50
+    assert peaks["overhead"] == peaks["peak_reserved"] - peaks["peak_allocated"] > 0
+    with pytest.raises(MemoryError, match="reserved but unallocated"):
+        alloc.malloc(200 * MiB)
+
+
+def test_segment_layout_lists_blocks_in_address_order():
+    from dtlab.cost.caching_allocator import segment_layout
+
+    a = CachingAllocator(1024 * MiB)
+    h = a.malloc(100 * MiB)
+    a.free(h)
+    a.malloc(30 * MiB)
+    assert segment_layout(a) == [[(30 * MiB, True), (70 * MiB, False)]]
+
+
+def test_a_trace_event_of_unknown_kind_says_which_kinds_exist():
+    from dtlab.cost.caching_allocator import replay
+
+    with pytest.raises(ValueError, match="'alloc' or 'free'"):
+        replay([("malloc", 0, 10)], MiB)
+
+
+def test_replay_keeps_the_layout_at_the_moment_the_most_was_in_use():
+    from dtlab.cost.caching_allocator import replay
+
+    trace = [("alloc", 0, 30 * MiB), ("alloc", 1, 40 * MiB), ("free", 0), ("free", 1)]
+    _, peaks = replay(trace, 1024 * MiB)
+    assert peaks["peak_allocated"] == 70 * MiB
+    assert peaks["layout_at_peak"] == [[(30 * MiB, True)], [(40 * MiB, True)]]

@@ -154,6 +154,53 @@ class CachingAllocator:
                 del self.segments[seg]
 
 
+def segment_layout(alloc: CachingAllocator) -> list[list[tuple[int, bool]]]:
+    """Each segment's blocks in address order as ``(bytes, in_use)``: what a memory snapshot's
+    ``segments`` list shows, for the same chart."""
+    layout: dict[int, list[tuple[int, int, bool]]] = {seg: [] for seg in alloc.segments}
+    for b in alloc.blocks:
+        layout[b.segment].append((b.offset, b.size, not b.free))
+    return [[(size, used) for _, size, used in sorted(layout[seg])] for seg in sorted(layout)]
+
+
+def replay(
+    events: list[tuple], capacity: int, expandable_segments: bool = False
+) -> tuple[CachingAllocator, dict]:
+    """Feed an allocation trace — ``("alloc", id, nbytes)`` and ``("free", id)`` in order — to
+    a fresh allocator; return it and, in bytes, ``peak_allocated`` (the most ever in use),
+    ``peak_reserved`` (the most ever held from the device) and ``overhead`` — their difference:
+    what caching and fragmentation cost beyond what the program needed at its peak — and
+    ``layout_at_peak``, the :func:`segment_layout` at the moment the most was in use.
+
+    An allocation the model cannot place raises ``MemoryError`` as the real allocator would."""
+    alloc = CachingAllocator(capacity, expandable_segments)
+    handles: dict = {}
+    peaks: dict = {"peak_allocated": 0, "peak_reserved": 0, "layout_at_peak": []}
+    for event in events:
+        if event[0] == "alloc":
+            handles[event[1]] = alloc.malloc(event[2])
+        elif event[0] == "free":
+            if event[1] in handles:
+                alloc.free(handles.pop(event[1]))
+        else:
+            raise ValueError(f"event {event!r}: the kind must be 'alloc' or 'free'")
+        if alloc.allocated > peaks["peak_allocated"]:
+            peaks["peak_allocated"] = alloc.allocated
+            peaks["layout_at_peak"] = segment_layout(alloc)
+        peaks["peak_reserved"] = max(peaks["peak_reserved"], alloc.reserved)
+    peaks["overhead"] = peaks["peak_reserved"] - peaks["peak_allocated"]
+    return alloc, peaks
+
+
+def fragmentation_demo_trace(steps: int = 6) -> list[tuple]:
+    """:func:`fragmentation_demo`'s requests as an allocation trace, for :func:`replay`."""
+    events: list[tuple] = []
+    for step in range(steps):
+        events += [("alloc", f"work{step}", 150 * MiB), ("free", f"work{step}"),
+                   ("alloc", f"kept{step}", 100 * MiB)]  # fmt: skip
+    return events
+
+
 def fragmentation_demo(
     capacity_mib: int = 1024,
     expandable_segments: bool = False,
