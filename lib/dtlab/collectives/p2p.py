@@ -15,7 +15,9 @@ It also
 Ranks are addressed by their index *within the group* (``0 .. size-1``); :class:`Peers` translates
 to global ranks. A group is ``None`` (every rank), a ``torch.distributed`` process group, or a plain
 list of global ranks — sends and receives go over the default group, so a list needs no
-``dist.new_group`` call and costs nothing to make.
+``dist.new_group`` call and costs nothing to make. The one exception is a thread inside
+:func:`routed_over`: a background stream (:mod:`dtlab.comm.background`) runs whole collectives
+there, its messages marked with a tag of their own, so they never match the calling thread's.
 
 Empty chunks (a 3-element buffer cut into 4) are skipped on both sides: they cost no message.
 
@@ -62,9 +64,31 @@ def sending_control() -> bool:
 
 
 def comm_stats() -> CommStats:
-    """The live counters of this rank (they keep counting until :meth:`CommStats.reset`)."""
+    """The live counters of this rank (they keep counting until :meth:`CommStats.reset`); on a
+    thread inside :func:`routed_over`, that thread's own counters."""
     simulated = getattr(_thread, "world", None)
-    return simulated.comm_stats if simulated is not None else _process_stats
+    if simulated is not None:
+        return simulated.comm_stats
+    route = getattr(_thread, "route", None)
+    return route[1] if route is not None else _process_stats
+
+
+@contextmanager
+def routed_over(tag: int, stats: CommStats) -> Iterator[None]:
+    """Mark this thread's messages with ``tag`` and count them into ``stats``.
+
+    gloo matches the messages between two ranks by posting order *per tag* (as MPI does): a
+    second thread posting untagged messages would interleave with the main thread's, one
+    posting with a tag of its own cannot. Its bytes go to ``stats``, not to the process's
+    counters, so a :func:`counting` block on the main thread never picks up this thread's
+    traffic; the caller adds them when the work is waited for (:mod:`dtlab.comm.background`).
+    """
+    previous = getattr(_thread, "route", None)
+    _thread.route = (tag, stats)
+    try:
+        yield
+    finally:
+        _thread.route = previous
 
 
 @contextmanager
@@ -99,7 +123,16 @@ DONE = _Done()
 
 
 class TorchTransport:
-    """Real messages: ``batch_isend_irecv`` over the default process group (gloo or NCCL)."""
+    """Real messages: ``batch_isend_irecv`` over the default process group (gloo or NCCL).
+
+    With a nonzero ``tag`` (a background stream, gloo only) every message carries it and is
+    posted on the world group's own ``send``/``recv``: gloo's ``batch_isend_irecv`` is that same
+    loop of single posts, and the runtime's bookkeeping of ``torch.distributed`` calls
+    (:mod:`dtlab.runtime.inflight`) belongs to the main thread, whose blocking it tracks.
+    """
+
+    def __init__(self, tag: int = 0) -> None:
+        self.tag = tag
 
     @property
     def streams(self) -> bool:
@@ -113,9 +146,13 @@ class TorchTransport:
         return not (dist.is_initialized() and dist.get_backend() == "nccl")
 
     def post_send(self, peer: int, tensor: torch.Tensor):
+        if self.tag:
+            return dist.group.WORLD.send([tensor], peer, self.tag)
         return dist.isend(tensor, peer)
 
     def post_recv(self, peer: int, tensor: torch.Tensor):
+        if self.tag:
+            return dist.group.WORLD.recv([tensor], peer, self.tag)
         return dist.irecv(tensor, peer)
 
     def exchange(
@@ -123,6 +160,12 @@ class TorchTransport:
         sends: Sequence[tuple[int, torch.Tensor]],
         recvs: Sequence[tuple[int, torch.Tensor]],
     ) -> None:
+        if self.tag:
+            works = [self.post_send(peer, tensor) for peer, tensor in sends]
+            works += [self.post_recv(peer, tensor) for peer, tensor in recvs]
+            for work in works:
+                work.wait()
+            return
         ops = [dist.P2POp(dist.isend, tensor, peer) for peer, tensor in sends]
         ops += [dist.P2POp(dist.irecv, tensor, peer) for peer, tensor in recvs]
         for work in dist.batch_isend_irecv(ops):  # NCCL coalesces the batch into one work
@@ -297,7 +340,11 @@ def peers_of(group: Group = None) -> Peers:
         raise ValueError(
             f"group {ranks} must list distinct ranks in 0..{dist.get_world_size() - 1}"
         )
-    return Peers(ranks, dist.get_rank(), TorchTransport(), _process_stats, torch_group)
+    route = getattr(_thread, "route", None)
+    if route is None:
+        return Peers(ranks, dist.get_rank(), TorchTransport(), _process_stats, torch_group)
+    tag, stats = route  # a background stream: control messages too go as tagged messages
+    return Peers(ranks, dist.get_rank(), TorchTransport(tag), stats)
 
 
 def traffic_matrix(spans, world_size: int) -> list[list[int]]:

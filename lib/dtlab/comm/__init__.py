@@ -8,8 +8,11 @@
   and ``start_exchange``: who sends what to whom, counted from the messages.
 * :mod:`~dtlab.comm.volumes` — the ring convention's bytes per collective (what the torch path
   records, since it cannot see inside gloo's or NCCL's algorithms) and a tensor's byte size.
-* :mod:`~dtlab.comm.pending` — the handles of communication in flight (``wait()``), and why
-  ``collectives="dtlab"`` refuses to overlap (:class:`OverlapRefused`).
+* :mod:`~dtlab.comm.pending` — the handles of communication in flight (``wait()``);
+  :class:`OverlapRefused`, warned only where the counted path cannot overlap (NCCL).
+* :mod:`~dtlab.comm.background` — the background stream: a worker thread and a message tag
+  per set of ranks, so ``async_op=True`` on ``collectives="dtlab"`` overlaps
+  compute, counted and bit-identical to the blocking call.
 * :mod:`~dtlab.comm.groups` — process groups over rank lists that are not a mesh dimension
   (HSDP's shard and replica groups, the pipeline's embedding group).
 * :mod:`~dtlab.comm.autograd` — the same collectives as autograd functions: Megatron's
@@ -27,6 +30,7 @@ from dtlab.comm.autograd import (
     reduce_from_group,
     reduce_scatter_along,
 )
+from dtlab.comm.background import QueuedCollective
 from dtlab.comm.communicator import Communicator
 from dtlab.comm.groups import group_containing
 from dtlab.comm.pending import Finished, OverlapRefused, PendingCollective, PendingMessages
@@ -38,6 +42,7 @@ __all__ = [
     "OverlapRefused",
     "PendingCollective",
     "PendingMessages",
+    "QueuedCollective",
     "all_to_all_rows",
     "copy_to_group",
     "gather_along",

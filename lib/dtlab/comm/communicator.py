@@ -15,13 +15,16 @@ ways, chosen with ``collectives=``:
 
 ``"dtlab"``
     :mod:`dtlab.collectives`' ring algorithms, built from ``isend``/``irecv``; every byte is
-    counted from the messages actually posted (``comm_stats.counted`` is ``True``). These run
-    synchronously — the collective finishes inside the hook that issues it — so this path is for
-    *measuring* what moves, not for timing overlap. ``async_op=True`` here returns a
-    :class:`~dtlab.comm.pending.Finished` handle and warns once per communicator
-    (:class:`~dtlab.comm.pending.OverlapRefused`; :mod:`dtlab.comm.pending` says why).
-    Accounting tests and the labs' "measured vs formula" cells use it, so the equality they show
-    can fail.
+    counted from the messages actually posted (``comm_stats.counted`` is ``True``). A blocking
+    call runs the ring on the calling thread. ``async_op=True`` queues it on the ranks'
+    *background stream* (:mod:`dtlab.comm.background`: one worker thread running the queue in
+    order, its messages tagged so they never match the caller's) and returns a
+    :class:`~dtlab.comm.background.QueuedCollective`: the ring runs while the caller computes,
+    bit-identical to the blocking call, its bytes counted when it is waited for. On NCCL the
+    counted path has no background stream: the call runs inside its launch, warns once per
+    communicator (:class:`~dtlab.comm.pending.OverlapRefused`) and returns a
+    :class:`~dtlab.comm.pending.Finished` handle. Accounting tests and the labs' "measured vs
+    formula" cells use this path, so the equality they show can fail.
 
 Bytes each rank sends for a payload of ``M`` bytes on ``N`` ranks (ring, ``N`` dividing the length):
 
@@ -63,7 +66,7 @@ import torch.distributed as dist
 from dtlab import collectives as C
 from dtlab import trace
 from dtlab.collectives.stats import CommStats
-from dtlab.comm import messages
+from dtlab.comm import background, messages
 from dtlab.comm.groups import group_containing
 from dtlab.comm.pending import Finished, PendingCollective, PendingMessages, refuse_overlap
 from dtlab.comm.volumes import nbytes, ring_bytes_sent
@@ -138,12 +141,17 @@ class Communicator:
 
     @property
     def overlaps(self) -> bool:
-        """Whether ``async_op=True`` really runs the collective behind compute (torch's path);
-        dtlab's counted rings run it inside the call (:mod:`dtlab.comm.pending`)."""
-        return self.via == "torch"
+        """Whether ``async_op=True`` really runs the collective behind compute: torch's path
+        always; dtlab's counted rings on gloo, on the background stream
+        (:mod:`dtlab.comm.background`), not on NCCL (they run inside the call there)."""
+        return self.via == "torch" or background.available()
 
     def _run(self, op: str, name: str, payload: int, async_op: bool, torch_call, dtlab_call):
         if self.via == "dtlab":
+            if async_op and background.available():
+                return background.launch(
+                    self.ranks, op, name, dtlab_call, self.span_labels(), self.comm_stats
+                )
             if async_op and not self._refused_overlap:
                 self._refused_overlap = True
                 refuse_overlap(name, self.dim)

@@ -1,36 +1,31 @@
-"""Handles of communication in flight, and the refusal to pretend that the counted path overlaps.
+"""Handles of communication in flight: ``wait()`` blocks until the data has moved.
 
 A :class:`~dtlab.comm.Communicator` call that does not block returns one of these; ``wait()``
 blocks until the data has moved and records the spans, so a timeline shows how much of the
 transfer ran under compute:
 
 * :class:`PendingCollective` — a collective on torch's backend (``async_op=True``);
+* :class:`~dtlab.comm.background.QueuedCollective` (a subclass) — a counted collective on
+  ``collectives="dtlab"`` queued on the ranks' background stream (:mod:`dtlab.comm.background`);
 * :class:`PendingMessages` — point-to-point messages posted by
   :meth:`~dtlab.comm.Communicator.start_exchange` (``isend``/``irecv``), on either path;
-* :class:`Finished` — what ``async_op=True`` returns on ``collectives="dtlab"``: the collective
-  already ran to completion inside the call.
+* :class:`Finished` — what ``async_op=True`` returns on ``collectives="dtlab"`` where there is no
+  background stream (NCCL): the collective already ran to completion inside the call.
 
-Why the counted path cannot overlap: :mod:`dtlab.collectives` runs a collective as a sequence of
-steps on the calling thread, posting each step's messages only after the last one landed, and
-counts each message as it posts it. Nothing progresses the ring while the caller computes, and a
-second thread posting on the same process group would interleave its messages with the main
-thread's (gloo matches messages between two ranks by posting order). So ``async_op=True`` there
-means "run it now": FSDP's prefetch still gathers early but no longer hides the gather behind
-compute, DDP's bucket all-reduces run inside the backward hooks. That is *loud*: the first such
-call on each communicator warns with :class:`OverlapRefused`, and the handle says
-``overlapped=False``. Measure bytes with ``collectives="dtlab"``; measure overlap with
-``collectives="torch"``.
+How the counted path overlaps (issue 30): :mod:`dtlab.collectives` runs a collective as steps on
+the calling thread, posting each step's messages after the last landed, so nothing progresses
+the ring while that thread computes — and a second thread posting untagged messages on the same process group
+would interleave its messages with the first's (gloo matches messages between two ranks by
+posting order per tag). So an asynchronous counted collective runs on a worker thread whose
+messages carry a tag of their own, the same on every member (:mod:`dtlab.comm.background`):
+counted *and* overlapped, bit-identical to the blocking call.
+Posted messages (:meth:`~dtlab.comm.Communicator.start_exchange`: ring attention, the pipeline,
+async TP's per-peer chunks) overlap without a worker: gloo's own threads progress them.
 
-Decision (issue 30): the counted path stays synchronous for *collectives*. Overlapping them would
-take a ring run on a background thread over a process group of its own — one extra group per
-background stream, made by every rank in the same order up front, since ``dist.new_group`` is
-collective over the world — with :mod:`dtlab.collectives`' transport bound to that group instead
-of the default one; a thread sharing the default group with the caller's own messages cannot be
-made safe. Until the transport takes a group, what overlaps on the counted path is what is built
-from *posted* messages: :meth:`~dtlab.comm.Communicator.start_exchange` (ring attention, the
-pipeline, async TP's per-peer chunks in :mod:`dtlab.parallel.tensor.async_tp`) returns a
-:class:`PendingMessages` whose messages gloo's own threads progress while the caller computes —
-counted *and* overlapped (``tests/test_overlap_tp.py`` holds both).
+:class:`OverlapRefused` stays public for the one case left: NCCL, where the counted path has no
+background stream (a worker would need a CUDA stream of its own and event ordering with the
+compute stream) and runs an asynchronous collective inside its launch. There the first such call
+on each communicator warns, and the handle says ``overlapped=False``; on gloo it is never raised.
 """
 
 from __future__ import annotations
@@ -45,17 +40,19 @@ from dtlab import trace
 
 
 class OverlapRefused(UserWarning):
-    """An asynchronous collective was asked of ``collectives="dtlab"``; it ran synchronously."""
+    """An asynchronous collective was asked of ``collectives="dtlab"`` on NCCL, where the counted
+    path has no background stream; it ran synchronously. Never raised on gloo."""
 
 
 def refuse_overlap(name: str, dim: str) -> None:
     """Warn that ``name`` on the ``dim`` group will not overlap compute (see module docstring)."""
     warnings.warn(
         f"{name!r} on the {dim} group was asked to run asynchronously (async_op=True: a prefetch "
-        "or an overlapped gradient reduction), but collectives='dtlab' runs every collective to "
-        "completion inside the call, counting each message as it is posted; nothing overlaps "
-        "compute. The bytes counted are exact; the timeline's overlap is not. Build the wrapper "
-        "with collectives='torch' to see communication hide behind compute.",
+        "or an overlapped gradient reduction), but on NCCL collectives='dtlab' has no background "
+        "stream and runs every collective to completion inside the call, counting each message "
+        "as it is posted; nothing overlaps compute. The bytes counted are exact; the timeline's "
+        "overlap is not. Build the wrapper with collectives='torch' to see communication hide "
+        "behind compute on a GPU.",
         OverlapRefused,
         stacklevel=4,
     )
@@ -110,12 +107,15 @@ class PendingCollective:
 
 
 class Finished(PendingCollective):
-    """A collective that already finished: ``collectives="dtlab"`` runs synchronously."""
+    """A collective that already finished: ``collectives="dtlab"`` on NCCL runs synchronously."""
 
     overlapped = False
 
     def __init__(self) -> None:
         self.work = None
+
+
+_P2P_FUTURES = [True]  # whether this process's point-to-point handles offer get_future()
 
 
 class PendingMessages:
@@ -140,9 +140,12 @@ class PendingMessages:
         self.works, self._sending, self.name = works, sends, name
         self.sent, self.to, self.group, self.start_ns = sent, to, group, start_ns
         self._arrivals: list[int] = []
-        for work in works:  # gloo completes each future on its own thread when the data lands
-            with contextlib.suppress(AttributeError, RuntimeError):
+        for work in works if _P2P_FUTURES[0] else ():  # completed on gloo's thread on arrival
+            try:
                 work.get_future().then(lambda _: self._arrivals.append(trace.now_ns()))
+            except (AttributeError, RuntimeError):  # "Work::getFuture not implemented" (gloo
+                _P2P_FUTURES[0] = False  # p2p): learned once, as raising costs every message
+                break
 
     def wait(self) -> None:
         """Block until every message has moved; idempotent."""

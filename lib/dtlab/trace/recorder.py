@@ -52,6 +52,17 @@ class _Recorder:
 
 
 _recorder = _Recorder()
+# A background stream (dtlab.comm.background) records its collectives' spans from its own thread
+# while the main thread records compute; appends and the swap at end_call() take this lock, so a
+# span is never lost between reading the list and replacing it.
+_spans_lock = threading.Lock()
+
+
+def _append(span_: Span) -> None:
+    with _spans_lock:
+        _recorder.spans.append(span_)
+
+
 # Labels every span recorded now carries (trace.labels): micro-batch, phase, group. Per thread:
 # simulated ranks are threads of one process, and one thread's block must not label another's.
 _context = threading.local()
@@ -99,7 +110,7 @@ def span(name: str, kind: str = "compute", nbytes: int = 0, **labels) -> Iterato
     try:
         yield
     finally:
-        _recorder.spans.append(
+        _append(
             Span(
                 _recorder.rank,
                 name,
@@ -116,7 +127,7 @@ def record(name: str, kind: str, start_ns: int, end_ns: int, nbytes: int = 0, **
     """Add a span measured elsewhere (e.g. from CUDA events) on the aligned clock."""
     _check_kind(kind)
     if _recorder.active:
-        _recorder.spans.append(
+        _append(
             Span(
                 _recorder.rank,
                 name,
@@ -224,9 +235,7 @@ def _flush_cuda_spans() -> None:
             anchor, anchor_ns = anchors[device_index]
             start_ns = anchor_ns + round(anchor.elapsed_time(start) * 1e6)  # ms -> ns
             end_ns = anchor_ns + round(anchor.elapsed_time(end) * 1e6)
-            _recorder.spans.append(
-                Span(_recorder.rank, name, kind, start_ns, end_ns, nbytes, labels)
-            )
+            _append(Span(_recorder.rank, name, kind, start_ns, end_ns, nbytes, labels))
     except RuntimeError:
         # A failed kernel leaves the device unusable; the user's own error says why, so the
         # device spans of this call are dropped rather than hiding that error behind this one.
@@ -246,7 +255,8 @@ def end_call() -> list[dict]:
     """Runtime hook: stop collecting and hand back this call's spans as plain dicts."""
     _flush_cuda_spans()
     _recorder.active = False
-    spans, _recorder.spans = _recorder.spans, []
+    with _spans_lock:
+        spans, _recorder.spans = _recorder.spans, []
     return [s.to_dict() for s in spans]
 
 
