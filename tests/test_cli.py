@@ -89,6 +89,8 @@ def test_bench_lists_and_dispatches_to_a_benchmark_module(tmp_path, monkeypatch,
     )
     assert main(["bench", "echo_args", "--size", "8", "--help"]) == 4
     assert "got ['--size', '8', '--help']" in capsys.readouterr().out
+    assert main(["bench", "echo-args"]) == 4  # a hyphen names the module's underscore
+    assert "got []" in capsys.readouterr().out
 
 
 def test_bench_with_an_unknown_name_lists_the_real_ones(capsys):

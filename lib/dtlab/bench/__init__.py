@@ -35,7 +35,10 @@ def available() -> list[str]:
 
 
 def load(name: str) -> ModuleType:
-    """Import benchmark ``name``; unknown names raise :class:`UnknownBenchmark` listing the real ones."""
+    """Import benchmark ``name``; unknown names raise :class:`UnknownBenchmark` listing the real ones.
+
+    A hyphen in ``name`` reads as the module's underscore (``runtime-perf`` is ``runtime_perf``)."""
+    name = name.replace("-", "_")
     names = available()
     if name not in names:
         choices = ", ".join(names) if names else "none yet"
