@@ -90,3 +90,56 @@ def test_scale_at_the_fp32_edge_equals_grad_scaler_on_cuda(start, growth, backof
     assert ours == theirs
     if start == 2.0**127 and interval == 1:
         assert ours[0] == ((2.0**127).hex(), 0, True)  # the growth to 2**128 was refused
+
+
+# -- row-wise / column-wise copies, NVFP4's recipe, FP8 all-gather (issue 32) ----------------------
+
+
+def test_rowwise_and_columnwise_mxfp8_copies_on_cuda_equal_the_cpu_ones_bit_for_bit():
+    from dtlab.precision.directional import both_directions
+
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
+    x[:, 5] *= 1e4
+    for cpu_copy, cuda_copy in zip(both_directions(x), both_directions(x.cuda()), strict=True):
+        assert torch.equal(cuda_copy.data.cpu().view(torch.uint8), cpu_copy.data.view(torch.uint8))
+        assert torch.equal(cuda_copy.scale_codes.cpu(), cpu_copy.scale_codes)
+        assert cuda_copy.nbytes == cpu_copy.nbytes
+
+
+@pytest.mark.parametrize("block", [(1, 16), (16, 16)])
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_nvfp4_quantisation_on_cuda_equals_the_cpu_simulation_bit_for_bit(block, stochastic):
+    from dtlab.precision.microscaling import nvfp4_quantize
+
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))
+    want = nvfp4_quantize(x, block, stochastic, torch.Generator().manual_seed(2)).dequantize()
+    got = nvfp4_quantize(x.cuda(), block, stochastic, torch.Generator().manual_seed(2))
+    assert torch.equal(got.dequantize().cpu(), want)
+
+
+def test_nvfp4_linear_on_cuda_matches_the_cpu_layer():
+    from dtlab.precision.nvfp4_linear import NVFP4_RECIPE, Nvfp4Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    x = torch.randn(64, 64)
+    grads = {}
+    for device in ("cpu", "cuda"):
+        lin = torch.nn.Linear(64, 32).to(device)
+        lin.load_state_dict(linear.state_dict())
+        xd = x.to(device).requires_grad_()
+        Nvfp4Linear.from_linear(lin, NVFP4_RECIPE)(xd).square().sum().backward()
+        grads[device] = (xd.grad.cpu(), lin.weight.grad.cpu())
+    for cpu_grad, cuda_grad in zip(grads["cpu"], grads["cuda"], strict=True):
+        assert torch.allclose(cpu_grad, cuda_grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_fp8_all_gather_training_runs_on_nccl_and_equals_the_one_process_reference():
+    from dtlab.precision.fp8_gather_training import train_one_process, train_with_gather
+
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(train_with_gather, "fp8", 3, collectives="torch")[0]
+    reference = train_one_process("fp8", 1, 3)
+    assert r["losses"] == pytest.approx(reference, abs=1e-3)
+    assert r["formula_per_step"]["fp8_weights"] == 0  # one rank sends nothing

@@ -19,6 +19,7 @@ def test_bench_reports_ratios_and_the_path_each_variant_ran(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["ratios"]["bf16_linear"]["median"] == 1.0
     assert set(result["ratios"]) >= {"bf16_linear", "fp8_tensor", "fp8_row", "fp8_tile"}
+    assert {"mxfp8_cast_rowwise", "mxfp8_cast_both"} <= set(result["paths"])
     if not torch.cuda.is_available():
         assert result["paths"]["fp8_tile"] == ["forward:simulated"]
         assert "not an FP8 speed-up" in capsys.readouterr().out

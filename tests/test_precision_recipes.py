@@ -119,3 +119,12 @@ def test_an_unknown_recipe_lists_the_real_ones():
     with pytest.raises(ValueError, match="bf16_master"):
         train_recipe("fp4_everything")
     assert "fp16_scaled" in TRAINING_RECIPES
+
+
+def test_flushing_fp32_denormals_leaves_an_fp16_run_bit_identical():
+    """The FP16 recipes run with the CPU's flush-to-zero flags for speed; the values must not move."""
+    slow = train_recipe("fp16_unscaled", 2, accumulation=1024, flush_denormals=False)
+    fast = train_recipe("fp16_unscaled", 2, accumulation=1024)
+    assert fast.losses == slow.losses
+    assert fast.underflow_fraction == slow.underflow_fraction > 0
+    assert fast.lost_update_fraction == slow.lost_update_fraction

@@ -11,7 +11,11 @@ round in rotated order (:func:`dtlab.bench.run_interleaved`):
   (the GEMM alone; skipped where this build's ``_scaled_mm`` does not run);
 * ``fp8_tensor``, ``fp8_row``, ``fp8_tile`` — :class:`~dtlab.precision.Fp8Linear` end to end:
   our quantiser (amax, scale, clamp, cast) + the GEMM, on ``_scaled_mm`` where the probe accepts
-  the scale layout, else **simulated** (dequantise + fp32 matmul).
+  the scale layout, else **simulated** (dequantise + fp32 matmul);
+* ``mxfp8_cast_rowwise``, ``mxfp8_cast_both`` — the cast alone of ``x`` to MXFP8, the forward's
+  row-wise copy vs both the row-wise and the column-wise copy backward needs
+  (:mod:`dtlab.precision.directional`; unfused torch ops, so the ratio of the two is the
+  measurement, not their size against a fused kernel). Run when M and K are multiples of 32.
 
 Reported: each variant's time ÷ bf16's (median over repeats, min–max) and which GEMM path each
 variant ran (``GEMM_PATHS``). On a CPU ``_scaled_mm`` is a reference kernel without FP8 units and
@@ -37,6 +41,7 @@ def _measure(m: int, k: int, n: int, steps: int, repeats: int) -> dict:
     import dtlab
     from dtlab.bench import run_interleaved
     from dtlab.precision import GEMM_PATHS, Fp8Linear, Fp8Recipe, quantize_fp8
+    from dtlab.precision.directional import both_directions, quantize_rowwise
     from dtlab.precision.fp8_linear import _scaled_mm, scaled_mm_runs
 
     device = dtlab.device()
@@ -62,6 +67,11 @@ def _measure(m: int, k: int, n: int, steps: int, repeats: int) -> dict:
             steps_by_name[name] = lambda i, layer=layer: layer(x)
         if gemm_runs:
             paths["fp8_gemm_only"] = ["forward:scaled_mm"]
+        if m % 32 == 0 and k % 32 == 0:
+            steps_by_name["mxfp8_cast_rowwise"] = lambda i: quantize_rowwise(x)
+            steps_by_name["mxfp8_cast_both"] = lambda i: both_directions(x)
+            paths["mxfp8_cast_rowwise"] = ["cast only: row-wise copy (unfused torch ops)"]
+            paths["mxfp8_cast_both"] = ["cast only: row-wise + column-wise (unfused torch ops)"]
         paths[BASELINE] = ["bf16 F.linear"]
         seconds = run_interleaved(steps_by_name, steps * repeats, WARMUP_ROUNDS)
     return {"seconds": seconds, "paths": paths, "device": str(device)}

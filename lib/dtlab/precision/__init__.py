@@ -12,7 +12,16 @@
   delayed scaling (:class:`AmaxHistory`).
 * :mod:`~dtlab.precision.fp8_linear` — :class:`Fp8Linear` (E4M3 forward, E5M2 gradients) on
   ``torch._scaled_mm`` where it runs, simulated where not, and says which.
-* :mod:`~dtlab.precision.microscaling` — MXFP8 and NVFP4, simulated.
+* :mod:`~dtlab.precision.microscaling` — MXFP8 and NVFP4, simulated bit-exactly (NVFP4 with
+  2-D blocks and stochastic rounding).
+* :mod:`~dtlab.precision.directional` — row-wise vs column-wise MXFP8 copies: which GEMM each
+  serves, their bytes, and the error of making backward's copy from forward's.
+* :mod:`~dtlab.precision.nvfp4_linear` — :class:`Nvfp4Linear` under NVIDIA's NVFP4 recipe
+  (16×16 weight blocks, random Hadamard transforms on wgrad, stochastic rounding of gradients).
+* :mod:`~dtlab.precision.fp8_all_gather` and :mod:`~dtlab.precision.fp8_gather_training` — FSDP
+  weights all-gathered in FP8 with one agreed amax per weight, on real ranks, beside BF16.
+* :mod:`~dtlab.precision.cast_overhead` — FP8's speed-up against width on the roofline, and the
+  layers that stay in BF16.
 * :mod:`~dtlab.precision.bf16_updates` — stochastic rounding and Kahan summation in BF16, the
   alternatives to FP32 master weights, on the updates-lost demo.
 * :mod:`~dtlab.precision.recipes` — :func:`train_recipe`: the lab GPT under each recipe.

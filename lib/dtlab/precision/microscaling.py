@@ -16,16 +16,26 @@ so fine-grained scaling costs nothing in the GEMM:
 Both quantise along the last dimension (the reduction dimension of ``x @ Wᵀ``); ragged ends are
 padded for the block amax only. Nothing here calls an MX kernel: these are numerics, for the
 error table beside per-tile FP8 (:func:`dtlab.precision.fp8.quantize_fp8`).
+
+:func:`nvfp4_quantize` is the full NVFP4 quantiser of NVIDIA's training recipe ("Pretraining
+Large Language Models with NVFP4", 2025): 1×16 blocks for activations and gradients, **16×16**
+blocks for weights (a 2-D block reads the same in ``W`` and ``Wᵀ``, so forward and backward
+multiply one quantised weight), and round-to-nearest-even or **stochastic rounding** to E2M1
+(gradients: unbiased, ``E[q] = x``). Every value it returns is an exact NVFP4 number — an E2M1
+code times an E4M3 block scale times the fp32 tensor scale — and the random bits come from a
+``torch.Generator``, so a run is reproducible bit for bit. The recipe's linear layer is in
+:mod:`dtlab.precision.nvfp4_linear`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from dtlab.precision.formats import E2M1_MAX, E4M3_MAX
-from dtlab.precision.fp8 import block_amax
+from dtlab.precision.fp8 import _as_blocks, block_amax
 
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
@@ -56,27 +66,81 @@ def mxfp8_roundtrip(x: torch.Tensor, block: int = MX_BLOCK) -> torch.Tensor:
     return _per_block(q, block, scales)
 
 
-def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Nearest E2M1 value (ties to the even code, as the spec's round-to-nearest-even), clamped
-    to ±6."""
-    grid = E2M1_GRID.to(x.device)
+def round_to_e2m1(
+    x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """E2M1 value of ``x``, clamped to ±6. Nearest (ties to the even code, the spec's
+    round-to-nearest-even) or, with ``stochastic=True``, up with probability equal to the
+    distance from the lower neighbour over the gap: unbiased, ``E[q] = x`` inside ±6."""
     mag = x.abs().clamp(max=E2M1_MAX)
-    upper = torch.bucketize(mag, grid).clamp(1, len(grid) - 1)
-    lo, hi = grid[upper - 1], grid[upper]
-    to_hi = (mag - lo > hi - mag) | ((mag - lo == hi - mag) & (upper % 2 == 0))
-    return torch.sign(x) * torch.where(to_hi, hi, lo)
+    # E2M1's grid is evenly spaced within each binade: 0.5 below 2, 1 in [2, 4), 2 in [4, 6].
+    step = torch.where(mag < 2, 0.5, torch.where(mag < 4, 1.0, 2.0))
+    if stochastic:
+        lo = torch.floor(mag / step) * step
+        u = torch.rand(mag.shape, generator=generator, device="cpu").to(x.device)
+        q = torch.where(u < (mag - lo) / step, lo + step, lo)
+    else:  # torch.round halves to even, and an even multiple of the step is an even code
+        q = torch.round(mag / step) * step
+    return torch.sign(x) * q
+
+
+@dataclass
+class NVFP4Tensor:
+    """A matrix in NVFP4: E2M1 ``values`` (held as fp32 numbers of the E2M1 grid), one E4M3
+    ``block_scales`` entry per ``block`` (rows, columns), and one fp32 ``tensor_scale``."""
+
+    values: torch.Tensor
+    block_scales: torch.Tensor  # torch.float8_e4m3fn
+    tensor_scale: float
+    block: tuple[int, int]
+
+    @property
+    def nbytes(self) -> float:
+        """Storage as the GEMM reads it: 4 bits per value, one 1-byte E4M3 scale per
+        ``block[1]`` values of a row, 4 bytes of tensor scale. A 16×16 weight block's scale is
+        stored once for each of its 16 rows (the tensor core reads a scale per 16 values along
+        the reduction), so 2-D blocks cost the same 4.5 bits: they share values, not bytes."""
+        return self.values.numel() / 2 + self.values.numel() / self.block[1] + 4
+
+    def dequantize(self) -> torch.Tensor:
+        """``value · block scale · tensor scale`` in fp32."""
+        total = self.block_scales.float() * self.tensor_scale
+        return _as_blocks(self.values, self.block, total)
+
+
+def nvfp4_quantize(
+    x: torch.Tensor,
+    block: tuple[int, int] = (1, NVFP4_BLOCK),
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+) -> NVFP4Tensor:
+    """``x`` (viewed as a matrix) in NVFP4 with one E4M3 scale per ``block``: ``(1, 16)`` for
+    activations and gradients, ``(16, 16)`` for weights. The tensor scale
+    ``amax / (448 · 6)`` lets every block scale ``amax_block / 6 / s_tensor`` fit E4M3."""
+    matrix = x.detach().float().reshape(-1, x.shape[-1])
+    if matrix.shape[0] % block[0] or matrix.shape[1] % block[1]:
+        raise ValueError(
+            f"a {tuple(matrix.shape)} matrix does not split into {block} NVFP4 blocks; pad it "
+            f"to multiples of {block}"
+        )
+    amax = float(matrix.abs().max())
+    tensor_scale = amax / (E4M3_MAX * E2M1_MAX) if amax > 0 else 1.0
+    block_scales = (block_amax(matrix, block) / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX)
+    block_scales = block_scales.to(torch.float8_e4m3fn)
+    total = block_scales.float() * tensor_scale
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    values = round_to_e2m1(_as_blocks(matrix, block, 1.0 / safe), stochastic, generator)
+    values = torch.where(_as_blocks(torch.ones_like(matrix), block, total) > 0, values, 0.0)
+    return NVFP4Tensor(values, block_scales, tensor_scale, tuple(block))
 
 
 def nvfp4_roundtrip(x: torch.Tensor, block: int = NVFP4_BLOCK) -> torch.Tensor:
     """``x`` through NVFP4 (E2M1 values, E4M3 scale per ``block``, fp32 tensor scale), in fp32."""
-    amax = x.detach().abs().max().float()
-    tensor_scale = amax / (E4M3_MAX * E2M1_MAX) if amax > 0 else torch.tensor(1.0)
-    block_scales = (block_amax(x, (1, block)) / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX)
-    block_scales = block_scales.to(torch.float8_e4m3fn).float()
-    total = block_scales * tensor_scale
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    q = round_to_e2m1(_per_block(x.detach().float(), block, 1.0 / safe))
-    return _per_block(q, block, torch.where(total > 0, total, torch.zeros_like(total)))
+    rows, cols = x.numel() // x.shape[-1], x.shape[-1]
+    if cols % block == 0:
+        return nvfp4_quantize(x, (1, block)).dequantize().reshape(x.shape)
+    padded = torch.nn.functional.pad(x.detach().float().reshape(rows, cols), (0, (-cols) % block))
+    return nvfp4_quantize(padded, (1, block)).dequantize()[:, :cols].reshape(x.shape)
 
 
 def bits_per_value(name: str) -> float:

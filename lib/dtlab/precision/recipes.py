@@ -14,6 +14,8 @@ recipe             what computes, what the optimizer steps
 ``fp16_unscaled``  the same without loss scaling: small gradients flush to zero
 ``fp8_tensor``     fp32 masters, every block Linear an :class:`Fp8Linear` with per-tensor scales
 ``fp8_tile``       the same with 1×128 activation / 128×128 weight tiles (DeepSeek-V3)
+``nvfp4``          fp32 masters, every block Linear an :class:`~dtlab.precision.nvfp4_linear.
+                   Nvfp4Linear` (NVIDIA's recipe by default; pass ``nvfp4=`` to switch parts off)
 =================  ===============================================================================
 
 ``massive_activation=F`` plants an outlier the way LLMs grow them (Sun et al., "Massive
@@ -31,6 +33,7 @@ weights, zero in the fp16 one).
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +42,7 @@ from torch import nn
 from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn
 from dtlab.precision.fp8_linear import PER_TENSOR, PER_TILE, Fp8Recipe, convert_to_fp8
 from dtlab.precision.loss_scaler import DynamicLossScaler, ScalerConfig
+from dtlab.precision.nvfp4_linear import NVFP4_RECIPE, Nvfp4Recipe, convert_to_nvfp4
 
 TRAINING_RECIPES = (
     "fp32",
@@ -48,6 +52,7 @@ TRAINING_RECIPES = (
     "fp16_unscaled",
     "fp8_tensor",
     "fp8_tile",
+    "nvfp4",
 )
 _WORKING_DTYPE = {"bf16_master": torch.bfloat16, "fp16_scaled": torch.float16}
 _WORKING_DTYPE["fp16_unscaled"] = torch.float16
@@ -102,6 +107,27 @@ def _count_lost(before: list[torch.Tensor], params: list[nn.Parameter], moved: l
     return lost, total
 
 
+@contextmanager
+def fp32_denormals_flushed(enabled: bool = True):
+    """Run the block with the CPU's flush-to-zero / denormals-are-zero flags set, then clear them.
+
+    Why FP16 runs want it on a CPU: torch converts FP16 to FP32 for every CPU op, and its
+    vectorised conversion of an FP16 *subnormal* (exactly what an unscaled FP16 backward is full
+    of) passes through FP32 denormal intermediates, which x86 handles in microcode, about 1000×
+    slower. The flags change no value here: the converted numbers are normal FP32 (the smallest
+    FP16 subnormal, 2^-24, is far above FP32's denormals, < 2^-126), and
+    ``tests/test_precision_recipes.py`` holds an FP16 run's losses bit-identical with and without
+    them. torch has no getter for the flags, so they are cleared afterwards (their default)."""
+    if not enabled:
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def train_recipe(
     recipe: str,
     steps: int = 30,
@@ -113,20 +139,37 @@ def train_recipe(
     scaler_config: ScalerConfig | None = None,
     fp8: Fp8Recipe | None = None,
     accumulation: int = 1,
+    flush_denormals: bool = True,
+    nvfp4: Nvfp4Recipe | None = None,
 ) -> RecipeRun:
     """Train ``GPT(config, seed)`` for ``steps`` AdamW steps under ``recipe`` (module doc).
 
     ``accumulation=k`` divides each batch's loss by ``k``, as a loop accumulating ``k``
     micro-batches does: every gradient is ``k`` times smaller, which is where FP16 underflow
-    bites. (Each step still uses one micro-batch, so the runs stay seconds long.)"""
+    bites. (Each step still uses one micro-batch, so the runs stay seconds long.) FP16 recipes
+    run under :func:`fp32_denormals_flushed` unless ``flush_denormals=False`` (same values,
+    faster on a CPU)."""
     if recipe not in TRAINING_RECIPES:
         raise ValueError(f"no recipe {recipe!r}; choose one of {TRAINING_RECIPES}")
+    with fp32_denormals_flushed(flush_denormals and recipe.startswith("fp16")):
+        return _train(
+            recipe, steps, config, batch_size, lr, seed, massive_activation, scaler_config, fp8,
+            accumulation, nvfp4,
+        )  # fmt: skip
+
+
+def _train(
+    recipe, steps, config, batch_size, lr, seed, massive_activation, scaler_config, fp8,
+    accumulation, nvfp4,
+) -> RecipeRun:  # fmt: skip
     config = config or GPTConfig.tiny()
     data = SyntheticTokens(config, steps, batch_size, seed=seed)
     master = GPT(config, seed=seed)
     run = RecipeRun(recipe)
     if recipe.startswith("fp8"):
         convert_to_fp8(master, fp8 or (PER_TENSOR if recipe == "fp8_tensor" else PER_TILE))
+    if recipe == "nvfp4":
+        convert_to_nvfp4(master, nvfp4 or NVFP4_RECIPE)
     working = master
     if recipe == "bf16_pure":
         working = master.to(torch.bfloat16)
