@@ -54,6 +54,7 @@ from dtlab.plan import (
     pipeline_bubble,
     plan_problems,
 )
+from dtlab.plan.worked import print_published_steps
 from dtlab.quiz import ask, check_exercise, learner_id, load_bank, read_progress
 from dtlab.quiz.drill import item_weight, mock_set
 from dtlab.quiz.mastery import mastery_by_topic, mastery_chart, mastery_table
@@ -287,10 +288,12 @@ ask("system_design.dialogue_70b")
 #    all-gather in backward).
 #
 # Memory per GPU now also counts activations: with sequence parallelism and selective
-# recomputation one layer keeps `34·s·b·h / t` bytes, and the first pipeline stage holds
-# `pp` micro-batches of `L/pp` layers — `L` layers' worth. `plan_problems(req, plan)` is the
-# interviewer's checklist: GPU count, TP within a node, divisibility, whole micro-batches,
-# memory ≤ 90% of HBM, bubble ≤ 15%. Try a plan:
+# recomputation one layer keeps `34·s·b·h / t` bytes, and under 1F1B stage `i` holds `pp − i`
+# micro-batches of its layers — `L` layers' worth on stage 0 when stages are equal; with uneven
+# stages the planner prices every stage and reports the worst. `plan_problems(req, plan)` is the
+# interviewer's checklist: GPU count, TP within a node, heads divisible, whole micro-batches, and
+# the job's policy — memory ≤ `usable_memory_fraction` of HBM (default 90 %), bubble ≤
+# `max_bubble` (default 15 %) — each rejection naming the policy and by how much. Try a plan:
 
 # %%
 print(plan_problems(req, ParallelPlan(dp=32, tp=8, pp=8, zero_stage=1)))
@@ -512,17 +515,33 @@ ask("performance.ep_ratio_across_nodes")
 #
 # **Llama 3 405B** (Llama Team, "The Llama 3 Herd of Models", 2024, Sec. 3.3): 16,384 H100s, eight
 # per node, one 400 Gb/s NIC per GPU (RoCE). Layout TP 8 × CP 1 × PP 16 × DP 128 at 8K context,
-# a 16M-token batch: TP inside the NVLink domain, PP across nodes, FSDP-style DP outermost. Each DP
-# replica sees 16M / 128 ≈ 131K tokens per step — fifty times the DP crossover above, so even an
-# FP32 gradient reduce-scatter (which they use, for numerical stability) hides. Reported: 38–43% BF16 MFU; 466
-# job interruptions in 54 days, over 90% effective training time.
+# a 16M-token batch: TP inside the NVLink domain, PP across nodes, FSDP-style DP outermost. With
+# TP filling the node each DP group owns one 50 GB/s NIC per GPU, so the DP crossover is ~20K
+# tokens for BF16 gradients and ~39K for FP32; each replica's 16M / 128 ≈ 131K tokens per step sit
+# ~3–7× above it, so even the FP32 gradient reduce-scatter they use hides. The first and last stage
+# run one layer fewer (stage balancing: it moves the activation peak to stage 1), the FSDP does not
+# reshard after forward (one gather and one reduction per step instead of per micro-batch), and
+# the 131K stage all-gathers K and V for CP 16 — exposed, but small with 8 K/V heads. Reported:
+# 38–43 % BF16 MFU; 466 job interruptions in 54 days, over 90 % effective training time.
 #
 # **DeepSeek-V3** (DeepSeek-AI, 2024, Sec. 3): 671B parameters, 37B active, 2,048 H800s. No tensor
 # parallelism at all: PP 16 with the DualPipe schedule, EP 64 across 8 nodes, ZeRO-1 DP. Experts are
 # 2,048 wide, so cross-node all-to-all takes about as long as the experts' compute (the paper:
-# "approximately 1:1"). Their answers: route each token to at most 4 nodes (node-limited routing,
-# fewer bytes on the network), FP8 dispatch, overlap one micro-batch's all-to-all with another's
-# compute (DualPipe), and dedicate 20 of the SMs to communication kernels.
+# "approximately 1:1"). Their answers: route each token to at most 4 nodes (node-limited routing:
+# ~3.5 network copies per token instead of 7), FP8 dispatch, overlap one micro-batch's all-to-all
+# with another's compute (DualPipe, whose idle time is ~0.4 of 1F1B's), and dedicate 20 of the 132
+# SMs to communication kernels.
+#
+# **Megatron-LM 2021** (Narayanan et al., Tables 1–2): GPT-3 175B with PTD-P (TP 8, PP 12) held
+# 153 → 141 TFLOP/s per A100 from 384 to 1,536 GPUs; ZeRO-3 without model parallelism fell 144 → 44:
+# its bytes per GPU stay constant while compute per GPU halves with every doubling.
+#
+# dtlab's planner prices each of these layouts (below: published against predicted step, MFU on
+# 6N and on 6N + causal attention). Look for: Llama 3, PTD-P and DeepSeek-V3 within ±15 %, and the
+# ZeRO-3 rows predicted too fast — the model's stated gap (lab 11's published-runs section).
+
+# %%
+print_published_steps()
 
 # %%
 print(f"Llama 3 405B tokens per DP replica: {dp_tokens_per_replica(16 * 2**20, 128):,.0f}")
@@ -532,6 +551,12 @@ ask("system_design.llama3_layout")
 
 # %%
 ask("system_design.deepseek_v3_layout")
+
+# %%
+ask("system_design.llama3_allgather_cp_exposed")
+
+# %%
+ask("system_design.deepseek_node_limited_copies")
 
 # %% [markdown]
 # ### 3.7 An honest MFU <a id="honest-mfu"></a>

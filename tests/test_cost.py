@@ -64,11 +64,26 @@ def test_gpu_table_quotes_dense_bf16_and_knows_sparse_is_double():
     assert h200.hbm_bandwidth_bytes_per_s > h100.hbm_bandwidth_bytes_per_s
 
 
+def test_the_fabric_presets_carry_gpu_nics_and_their_speed():
+    selene = hardware.fabric("dgx_a100_hdr200")
+    assert (selene.gpu, selene.nics_per_node, selene.nic.bandwidth_bytes_per_s) == (
+        "a100_80gb",
+        8,
+        25e9,
+    )
+    h800 = hardware.gpu(hardware.fabric("h800_ib400").gpu)
+    assert h800.nvlink.bandwidth_bytes_per_s == 200e9  # 400 GB/s bidirectional
+    assert h800.bf16_dense_flops == hardware.H100_SXM.bf16_dense_flops
+    assert hardware.gpu("b200").bf16_dense_flops > 2 * hardware.H100_SXM.bf16_dense_flops
+    with pytest.raises(KeyError, match="dgx_h100_ndr400"):
+        hardware.fabric("dgx_h100")
+
+
 def test_unknown_preset_names_the_choices():
     with pytest.raises(KeyError, match="nvlink4"):
-        hardware.link("nvlink5")
+        hardware.link("nvlink6")
     with pytest.raises(KeyError, match="h100_sxm"):
-        hardware.gpu("b200")
+        hardware.gpu("gb300")
 
 
 @pytest.mark.parametrize(

@@ -52,10 +52,13 @@ def test_candidates_come_smallest_tp_then_fewest_stages_then_lowest_zero_then_fe
     plans = list(candidate_plans(LLAMA_70B))
     classic = [p for p in plans if (p.cp, p.micro_batch_size, p.recompute) == (1, 1, "selective")]
     assert plans[: len(classic)] == classic  # the classic (dp, tp, pp) search runs first
-    order = [(p.tp, p.pp, p.zero_stage, p.virtual_stages) for p in classic]
+    schedules = ("1f1b", "zb-h1", "dualpipe")
+    order = [
+        (p.tp, p.pp, p.zero_stage, p.virtual_stages, schedules.index(p.schedule)) for p in classic
+    ]
     assert order == sorted(order) and len(order) == len(set(order))
     assert all(tp <= LLAMA_70B.gpus_per_node for tp, *_ in order)
-    assert all(v == 1 for _, pp, _, v in order if pp == 1)
+    assert all(v == 1 for _, pp, _, v, _ in order if pp == 1)
     assert all(p.ep == 1 for p in plans)  # a dense job never tries expert parallelism
 
 

@@ -63,3 +63,28 @@ def micro_batches_for_bubble(p: int, max_ratio_to_ideal: float, v: int = 1) -> i
     while m > 1 and (p - 1) / (v * (m - 1)) <= max_ratio_to_ideal:
         m -= 1
     return m
+
+
+def schedule_idle(
+    schedule: str, p: int, v: float, forward: float, input_grad: float, weight_grad: float
+) -> float:
+    """Idle time one device spends per step in the fill and drain, for one micro-batch's
+    forward ``F``, input-gradient backward ``B`` and weight-gradient backward ``W``
+    (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Table 2, with its ``B`` = ``B + W``):
+
+    * ``"1f1b"``: ``(p−1)·(F+B+W)``; interleaved with ``v`` chunks, ``/v`` (Narayanan et al.
+      2021, Sec. 2.2.2);
+    * ``"zb-h1"``: ``(p−1)·(F+B−W)`` — the weight gradients fill the drain (Qi et al. 2024,
+      "Zero Bubble Pipeline Parallelism"); a third of 1F1B's when ``F = B = W``;
+    * ``"dualpipe"``/``"dualpipev"``: ``(p/2−1)·(F&B + (B+W) − 3W)`` with ``F&B = F+B+W``, the
+      overlapped forward-and-backward chunk taking the sum of its parts: ``(p/2−1)·(F+2B−W)``.
+    """
+    if p < 1 or v < 1 or min(forward, input_grad, weight_grad) < 0:
+        raise ValueError(f"need p >= 1, v >= 1 and times >= 0 (p={p}, v={v})")
+    if schedule == "1f1b":
+        return (p - 1) * (forward + input_grad + weight_grad) / v
+    if schedule == "zb-h1":
+        return (p - 1) * max(0.0, forward + input_grad - weight_grad)
+    if schedule in ("dualpipe", "dualpipev"):
+        return max(0.0, p / 2 - 1) * max(0.0, forward + 2 * input_grad - weight_grad)
+    raise ValueError(f"schedule={schedule!r}: choose '1f1b', 'zb-h1', 'dualpipe' or 'dualpipev'")

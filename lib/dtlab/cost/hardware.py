@@ -33,9 +33,24 @@ GPUs (dense tensor-core peaks; NVIDIA headline figures "with sparsity" are exact
   figure**; FP8 dense 1,979 (3,958 sparse). 80 GB HBM3 at 3.35 TB/s. Sources: NVIDIA H100 datasheet;
   H100 architecture whitepaper, which gives the unrounded 989.4 / 1,978.9.
 * **H200 SXM**: the same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s. Source: NVIDIA H200 datasheet.
+* **H800 SXM**: the H100's compute and 80 GB HBM3 with NVLink cut to 400 GB/s bidirectional,
+  **200 GB/s per direction** (8 links instead of 18; DeepSeek-AI 2024, "DeepSeek-V3 Technical
+  Report", Sec. 3.2.2, measures ~160 GB/s achievable on it, and 50 GB/s per InfiniBand NIC).
+* **B200 (HGX/DGX B200)**: ~2,250 TFLOP/s BF16 dense, 4,500 FP8 dense (the headline 9 PFLOP/s
+  FP8 is 2:4-sparse); 180 GB HBM3e per GPU in DGX B200 (1,440 GB for 8) at ~7.7 TB/s; NVLink 5,
+  1.8 TB/s bidirectional = **900 GB/s per direction**. Source: NVIDIA DGX B200 / HGX B200
+  datasheets (2024).
 
 Host links: H100/H200 SXM attach to the host over PCIe Gen5 x16, A100 SXM4 over PCIe Gen4 x16
 (the datasheets' "PCIe Gen5: 128 GB/s" and "PCIe Gen4: 64 GB/s" are bidirectional totals).
+
+**Fabrics** (:class:`Fabric`, :data:`FABRICS`): a node type as a job states it — GPU preset, GPUs per
+NVLink domain (a node here), NICs per node and their speed. ``dgx_a100_hdr200``: DGX A100 with
+eight 200 Gb/s HDR HCAs for compute (Megatron-LM 2021 ran on Selene, DGX A100 80 GB / HDR);
+``dgx_h100_ndr400``, ``dgx_h200_ndr400``, ``dgx_b200_ndr400``: eight 400 Gb/s NICs (DGX
+reference architectures; Llama 3's Grand Teton nodes also give each GPU a 400 Gb/s RoCE NIC,
+Dubey et al. 2024, Sec. 3.3.1); ``h800_ib400``: DeepSeek-V3's nodes, eight H800 with one 400 Gb/s
+InfiniBand NIC each (Sec. 3.2.2: "IB 50 GB/s").
 
 **Network topology.** One NIC per GPU, rail-optimised (NVIDIA DGX H100 / DGX SuperPOD reference
 architecture: eight ConnectX-7 400 Gb/s ports per node, NIC ``j`` of every node on rail ``j``);
@@ -52,6 +67,10 @@ GB = 1e9
 TFLOP = 1e12
 
 NVLINK4_H100 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=450 * GB, name="NVLink4 (H100 SXM)")
+NVLINK_H800 = Link(
+    alpha_s=2e-6, bandwidth_bytes_per_s=200 * GB, name="NVLink (H800, 400 GB/s bidir)"
+)
+NVLINK5_B200 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=900 * GB, name="NVLink5 (B200)")
 NVLINK3_A100 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=300 * GB, name="NVLink3 (A100 SXM)")
 PCIE_GEN5_X16 = Link(alpha_s=3e-6, bandwidth_bytes_per_s=63.0 * GB, name="PCIe Gen5 x16")
 PCIE_GEN4_X16 = Link(alpha_s=3e-6, bandwidth_bytes_per_s=31.5 * GB, name="PCIe Gen4 x16")
@@ -66,6 +85,8 @@ CPU_GLOO_LOOPBACK = Link(
 LINKS: dict[str, Link] = {
     "nvlink4": NVLINK4_H100,
     "nvlink3": NVLINK3_A100,
+    "nvlink_h800": NVLINK_H800,
+    "nvlink5": NVLINK5_B200,
     "pcie_gen5_x16": PCIE_GEN5_X16,
     "pcie_gen4_x16": PCIE_GEN4_X16,
     "ib_ndr_400": IB_NDR_400,
@@ -128,12 +149,66 @@ H200_SXM = GPUSpec(
     NVLINK4_H100,
 )
 
+H800_SXM = GPUSpec(
+    "H800 SXM5 80GB",
+    989.4 * TFLOP,
+    1978.9 * TFLOP,
+    1978.9 * TFLOP,
+    80 * GB,
+    3350 * GB,
+    NVLINK_H800,
+)
+B200 = GPUSpec(
+    "B200 180GB",
+    2250 * TFLOP,
+    4500 * TFLOP,
+    4500 * TFLOP,
+    180 * GB,
+    7700 * GB,
+    NVLINK5_B200,
+    PCIE_GEN5_X16,
+)
+
 GPUS: dict[str, GPUSpec] = {
     "a100_40gb": A100_40GB,
     "a100_80gb": A100_80GB,
     "h100_sxm": H100_SXM,
+    "h800_sxm": H800_SXM,
     "h200_sxm": H200_SXM,
+    "b200": B200,
 }
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A node type: which GPU, how many share an NVLink domain, and the NICs that leave the node.
+
+    ``nic`` is one NIC's link (per direction); ``nics_per_node`` of them serve the node's
+    ``gpus_per_node`` GPUs (eight rail-optimised NICs on every DGX-class node)."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    nics_per_node: int
+    nic: Link
+
+
+FABRICS: dict[str, Fabric] = {
+    "dgx_a100_40gb_hdr200": Fabric("DGX A100 40GB, 8x HDR 200", "a100_40gb", 8, 8, IB_HDR_200),
+    "dgx_a100_hdr200": Fabric("DGX A100 80GB, 8x HDR 200", "a100_80gb", 8, 8, IB_HDR_200),
+    "dgx_h100_ndr400": Fabric("DGX H100, 8x NDR 400", "h100_sxm", 8, 8, IB_NDR_400),
+    "h800_ib400": Fabric("H800 node, 8x IB 400", "h800_sxm", 8, 8, IB_NDR_400),
+    "dgx_h200_ndr400": Fabric("DGX H200, 8x NDR 400", "h200_sxm", 8, 8, IB_NDR_400),
+    "dgx_b200_ndr400": Fabric("DGX B200, 8x NDR 400", "b200", 8, 8, IB_NDR_400),
+}
+
+
+def fabric(name: str) -> Fabric:
+    """The preset node type called ``name`` (one of :data:`FABRICS`)."""
+    try:
+        return FABRICS[name]
+    except KeyError:
+        raise KeyError(f"no fabric preset {name!r}; choose one of {sorted(FABRICS)}") from None
 
 
 def link(name: str) -> Link:

@@ -14,9 +14,18 @@ that labs, quiz keys and lab 14's graders import (graders never contain it):
 * :mod:`~dtlab.plan.problems` — :func:`plan_problems`, the checklist a plan must pass;
 * :mod:`~dtlab.plan.search` — :func:`first_plan_that_fits`, in the expert's order of preference;
 * :mod:`~dtlab.plan.step_time` — :func:`~dtlab.plan.step_time.step_time` and
-  :func:`~dtlab.plan.step_time.fastest_plans`: compute, exposed communication, bubble, MFU;
+  :func:`~dtlab.plan.step_time.fastest_plans`: compute, exposed communication, bubble, MFU,
+  built from :mod:`~dtlab.plan.compute` (GEMM shapes, causal attention, recomputation),
+  :mod:`~dtlab.plan.exposed` (what each mechanism's communication exposes and what hides it),
+  :mod:`~dtlab.plan.stages` (uneven stages, chunks per device, in-flight activations) and the
+  one constants module, :mod:`~dtlab.plan.constants` (each constant with its source);
+* :mod:`~dtlab.plan.published` — Llama 3 405B, Megatron-LM 2021 and DeepSeek-V3 as jobs and
+  layouts, with their published throughput, held against the model
+  (:func:`~dtlab.plan.published.compare`); :mod:`~dtlab.plan.case_studies` answers the case
+  studies' questions from it;
 * :mod:`~dtlab.plan.worked` — :func:`~dtlab.plan.worked.print_worked_jobs`, 7B to 405B and the
-  MoE planned end to end;
+  MoE planned end to end, and :func:`~dtlab.plan.worked.print_published_table`, the planner
+  against the published runs;
 * :mod:`~dtlab.plan.wall_clock` — days of compute (``6·N·D``) and the Young/Daly checkpoint
   interval.
 

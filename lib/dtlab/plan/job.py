@@ -7,11 +7,27 @@ context) on clusters of the size such runs use; lab 14 walks through :data:`LLAM
 :data:`LARGE_JOBS` (:mod:`dtlab.plan.large_jobs`) adds a Llama-3-405B-shaped dense job and a
 DeepSeek-V3-shaped mixture of experts, whose extra fields (grouped-query K/V heads, routed
 experts, a trimmed first and last pipeline stage) default to a dense Llama 2 model.
+
+The **hardware is part of the job**: ``gpu`` (a :data:`dtlab.cost.GPUS` preset), ``gpus_per_node``
+(the NVLink domain TP must stay inside), ``nics_per_node`` and ``nic_bytes_per_s`` (default: one
+400 Gb/s NIC per GPU, rail-optimised) — :meth:`Requirements.on_fabric` copies a
+:data:`dtlab.cost.hardware.FABRICS` preset in. The step-time model reads them everywhere.
+The **shapes** the compute model needs (``d_ff``, a gated MLP's third matrix, the vocabulary,
+an MoE's expert width, the attention width) default to a GPT layer (``d_ff = 4·d``, two MLP
+matrices, no vocabulary counted). ``max_bubble`` and ``usable_memory_fraction`` are the job's
+**policy**, defaults in :mod:`dtlab.plan.constants`; a rejection names the one it breaks. So are
+``fp32_grads`` (numerics: FP32 gradient accumulation and reduction) and ``cp_kind`` (Llama 3
+gathers K and V because its document masks are easier that way, Sec. 3.3.2): every plan the
+search proposes carries them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+
+from dtlab.cost.alpha_beta import Link
+from dtlab.cost.hardware import fabric
+from dtlab.plan.constants import DEFAULT_MAX_BUBBLE, DEFAULT_USABLE_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -32,14 +48,44 @@ class Requirements:
     mfu: float = 0.4
     per_gpu_mtbf_hours: float = 50_000.0  # ~Llama 3's 16k-GPU run: a failure every ~3 hours
     storage_write_bytes_per_s: float = 100e9  # aggregate checkpoint write bandwidth
-    usable_memory_fraction: float = 0.9  # leave 10% for buffers, fragmentation, NCCL
-    max_bubble: float = 0.15  # at most 15% of a step idle in the pipeline
+    usable_memory_fraction: float = DEFAULT_USABLE_MEMORY_FRACTION  # policy: share of HBM planned
+    max_bubble: float = DEFAULT_MAX_BUBBLE  # policy: largest idle share of a step
     n_kv_heads: int = 0  # grouped-query attention's K/V heads; 0: as many as n_heads
     n_experts: int = 0  # routed experts per MoE layer; 0: a dense model
     top_k: int = 0  # routed experts per token
     expert_params: float = 0.0  # parameters of all routed experts, all layers together
     moe_layers: int = 0  # layers with routed experts (the rest have a dense MLP)
     pipeline_end_trim: int = 0  # layers fewer on the first and the last pipeline stage
+    nics_per_node: int = 0  # 0: one NIC per GPU (rail-optimised)
+    nic_bytes_per_s: float = 50e9  # one NIC, per direction (400 Gb/s)
+    vocab_size: int = 0  # 0: embedding and head not priced apart from the layers
+    d_ff: int = 0  # MLP width; 0: 4·d_model
+    gated_mlp: bool = False  # SwiGLU: three MLP matrices instead of two
+    expert_d_ff: int = 0  # a routed expert's width (MoE)
+    shared_experts: int = 0  # experts every token runs through (MoE)
+    attention_width: int = 0  # heads × head dim of Q·Kᵀ and A·V; 0: d_model
+    node_limit: int = 0  # MoE: a token's experts on at most this many nodes; 0: no limit
+    gemm_dtype: str = "bf16"  # "bf16" or "fp8" (DeepSeek-V3's linear layers)
+    attention_saved_width: int = 0  # values/token attention keeps besides in/out; 0: Q, K, V
+    comm_sm_fraction: float = 0.0  # SMs reserved for communication kernels (DeepSeek-V3: 20/132)
+    mtp_layers: int = 0  # multi-token-prediction blocks (and heads) on the last stage
+    flash_attention: bool = True  # False: scores through HBM (Megatron-LM 2021's GPTs)
+    fp32_grads: bool = False  # policy: gradients accumulated and reduced in FP32 (Llama 3)
+    cp_kind: str = "ring"  # requirement: "allgather" CP where document masks must work (Llama 3)
+
+    def __hash__(self) -> int:
+        """Hash of the fields, computed once: the planner hashes thousands of these per search."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    @property
+    def counts_tensors(self) -> bool:
+        """Whether the job states its shapes (``d_ff``, a gated MLP or expert widths), so its
+        activations are counted tensor by tensor instead of with Korthikanti's GPT layer."""
+        return bool(self.d_ff or self.gated_mlp or (self.is_moe and self.expert_d_ff))
 
     @property
     def global_batch_sequences(self) -> int:
@@ -74,6 +120,42 @@ class Requirements:
         if not self.is_moe:
             return self.params
         return self.dense_params + self.expert_params * self.top_k / self.n_experts
+
+    @property
+    def nics(self) -> int:
+        """NICs per node: ``nics_per_node``, or one per GPU when 0."""
+        return self.nics_per_node or self.gpus_per_node
+
+    @property
+    def nic(self) -> Link:
+        """One NIC, per direction."""
+        return Link(5e-6, self.nic_bytes_per_s, f"NIC {self.nic_bytes_per_s * 8 / 1e9:.0f} Gb/s")
+
+    @property
+    def ffn(self) -> int:
+        """MLP width: ``d_ff``, or ``4·d_model``."""
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def attn_width(self) -> int:
+        """Width of the attention products: ``attention_width``, or ``d_model``."""
+        return self.attention_width or self.d_model
+
+    @property
+    def embedding_params(self) -> float:
+        """Input embedding plus an untied output head: ``2·vocab·d`` (0 without a vocabulary)."""
+        return 2.0 * self.vocab_size * self.d_model
+
+    def on_fabric(self, name: str) -> Requirements:
+        """This job on the node type ``name`` of :data:`dtlab.cost.hardware.FABRICS`."""
+        node = fabric(name)
+        return replace(
+            self,
+            gpu=node.gpu,
+            gpus_per_node=node.gpus_per_node,
+            nics_per_node=node.nics_per_node,
+            nic_bytes_per_s=node.nic.bandwidth_bytes_per_s,
+        )
 
     @property
     def pipeline_layer_slots(self) -> int:

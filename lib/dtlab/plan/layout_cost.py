@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtlab.cost import bubble_fraction_of_total, interleaved_bubble_fraction_of_total
+from dtlab.cost.bubble import schedule_idle
 from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume_per_layer
 from dtlab.memory import activation_bytes_per_layer, model_state_bytes, shard_numel
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.stages import activation_layers_in_flight
 from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
 
 
@@ -46,47 +47,78 @@ def state_bytes_per_gpu(params: float, plan: ParallelPlan) -> float:
     return float(model_state_bytes(shard, plan.dp * plan.cp, plan.zero_stage, "mixed_adam").total)
 
 
-def first_stage_layers_in_flight(req: Requirements, plan: ParallelPlan) -> int:
-    """Layers' worth of activations stage 0 holds under 1F1B: ``pp`` micro-batches of its
-    layers. Balanced stages give ``L`` whatever ``pp`` is; when the first and last stage are
-    each ``τ`` layers short (Llama 3), stage 0 runs ``(L+2τ)/pp − τ`` layers: ``L + 2τ − pp·τ``."""
-    if plan.pp == 1:
-        return req.n_layers
-    return req.pipeline_layer_slots - plan.pp * req.pipeline_end_trim
+def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> float:
+    """Bytes one layer keeps for backward, one micro-batch, one GPU (TP + SP, ``s/cp`` tokens).
+
+    A GPT-shaped job (no ``d_ff``, no gated MLP: the Llama 2 presets, Megatron-LM 2021's GPT)
+    uses Korthikanti et al. 2022's Table 2 (:func:`dtlab.memory.activation_bytes_per_layer`).
+    A job that states its shapes (:attr:`~dtlab.plan.job.Requirements.counts_tensors`) is counted
+    tensor by tensor, flash attention (no scores kept), per token: each block's input (``2d``)
+    and, without recomputation, its normalised input (``2d``); what attention keeps besides
+    (``2·saved``: Q, K and V, ``w + 2·kv``, or MLA's latents) and its output (``2w``); FC1's
+    outputs (``2·g·f``; the activation function's output is recomputed from them, an elementwise
+    op); an MoE layer's FC1 runs on ``top_k`` routed copies of each token (``d·k`` more, 1 B each
+    when its GEMMs are FP8 — DeepSeek-V3 caches them in FP8 — else 2 B) for ``k + shared``
+    experts of width ``f_e``. ``"selective"`` recomputes the norms (their outputs are not
+    kept); ``"full"`` keeps only the layer's input, ``2d``. All of it over ``tp``."""
+    s, b = req.seq_len // plan.cp, plan.micro_batch_size
+    if not req.counts_tensors:
+        return float(
+            activation_bytes_per_layer(
+                s, b, req.d_model, req.n_heads, plan.tp, True, plan.recompute
+            )
+        )
+    d, w, g = req.d_model, req.attn_width, 2 if req.gated_mlp else 1
+    if plan.recompute == "full":
+        per_token = 2 * d
+    else:
+        norms = 2 * d if plan.recompute == "none" else 0
+        saved = req.attention_saved_width or (w + 2 * req.kv_width)
+        attention = 2 * d + norms + 2 * saved + 2 * w
+        if req.is_moe and req.expert_d_ff:
+            copy = 1 if req.gemm_dtype == "fp8" else 2
+            experts = (req.top_k + req.shared_experts) * req.expert_d_ff
+            mlp = 2 * d + norms + copy * d * req.top_k + 2 * g * experts
+        else:
+            mlp = 2 * d + norms + 2 * g * req.ffn
+        per_token = attention + mlp
+    return per_token * s * b / plan.tp
+
+
+def activation_bytes_by_device(req: Requirements, plan: ParallelPlan) -> list[float]:
+    """Peak activations on each pipeline device: its layers' bytes per micro-batch times the
+    micro-batches in flight (:func:`dtlab.plan.stages.activation_layers_in_flight`)."""
+    per_layer = activation_bytes_per_layer_of(req, plan)
+    m = max(1, int(micro_batches(req, plan)))
+    return [n * per_layer for n in activation_layers_in_flight(req, plan, m)]
 
 
 def activation_bytes_per_gpu(req: Requirements, plan: ParallelPlan) -> float:
-    """Peak activations on the first pipeline stage: TP + SP, the plan's recomputation.
+    """Peak activations on the worst pipeline device (:func:`activation_bytes_by_device`).
 
-    1F1B keeps ``pp`` micro-batches in flight on stage 0, each holding its ``L/pp`` layers, so
-    the total is ``L`` layers' worth whatever ``pp`` is (:func:`first_stage_layers_in_flight`);
-    interleaving multiplies it by ``1 + (pp-1)/(pp·v)`` (Korthikanti et al. 2022, Sec. 4.2.3).
-    Context parallelism leaves ``s/cp`` tokens per rank (flash-style ring attention keeps no
-    ``s²`` scores; with ``recompute="none"`` the formula's score term is priced for the local
-    ``s/cp``). A mixture of experts is priced as the dense layer of the same width (an
-    assumption: DeepSeek-V3's 9 experts of 2,048 per token hold less than a 4·d MLP).
+    1F1B keeps ``pp − i`` micro-batches of device ``i``'s layers; with equal stages that is
+    ``L`` layers' worth on device 0 whatever ``pp`` is, and interleaving multiplies it by
+    ``1 + (pp-1)/(pp·v)`` (Korthikanti et al. 2022, Sec. 4.2.3). With the first and last stage
+    trimmed (Llama 3) device 0 holds less and device 1 the most: ``(pp−1)·(slots/pp)``.
     """
-    per_layer = activation_bytes_per_layer(
-        req.seq_len // plan.cp,
-        plan.micro_batch_size,
-        req.d_model,
-        req.n_heads,
-        plan.tp,
-        True,
-        plan.recompute,
-    )
-    interleave = (
-        1 + (plan.pp - 1) / (plan.pp * plan.virtual_stages) if plan.virtual_stages > 1 else 1
-    )
-    return first_stage_layers_in_flight(req, plan) * per_layer * interleave
+    return max(activation_bytes_by_device(req, plan))
 
 
 def pipeline_bubble(req: Requirements, plan: ParallelPlan) -> float:
-    """Idle share of a step: ``(p-1)/(m+p-1)``, or ``(p-1)/(v·m+p-1)`` interleaved."""
-    m = int(micro_batches(req, plan))
-    if plan.virtual_stages > 1:
-        return interleaved_bubble_fraction_of_total(plan.pp, m, plan.virtual_stages)
-    return bubble_fraction_of_total(plan.pp, m)
+    """Idle share of a step from the schedule's idle time, compute only
+    (:func:`dtlab.cost.bubble.schedule_idle` on the slowest device's ``F``, ``B``, ``W``):
+    ``(p-1)/(m+p-1)`` for 1F1B with equal stages, ``(p-1)/(v·m+p-1)`` interleaved."""
+    if plan.pp == 1:
+        return 0.0
+    from dtlab.plan.compute import micro_batch_compute  # compute imports this module's peers
+
+    m = max(1, int(micro_batches(req, plan)))
+    slow = max((micro_batch_compute(req, plan, i) for i in range(plan.pp)), key=lambda c: c.total_s)
+    idle = schedule_idle(
+        plan.schedule, plan.pp, plan.virtual_stages, slow.forward_s, slow.input_grad_s,
+        slow.weight_grad_s,
+    )  # fmt: skip
+    return idle / (m * slow.total_s + idle)
 
 
 @dataclass(frozen=True)

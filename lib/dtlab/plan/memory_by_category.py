@@ -12,8 +12,13 @@
   full (TP- and EP-sharded) weights to run it — two layers in bf16, the one running and the one
   prefetched (FSDP's default). A dense layer's is a GB or two; an MoE layer's 256 experts are
   tens of GB unless EP splits them.
-* **Activations**: :func:`~dtlab.plan.layout_cost.activation_bytes_per_gpu` — Korthikanti et
-  al. 2022's per-layer bytes for ``s/cp`` tokens under the plan's recomputation.
+* **Activations**: :func:`~dtlab.plan.layout_cost.activation_bytes_by_device` — per-layer bytes
+  for ``s/cp`` tokens under the plan's recomputation, times what the schedule keeps in flight.
+* **Per device, the worst one reported**: stages hold different layers (trimmed ends, uneven
+  cuts, the embedding on the first and the head on the last, DualPipe's two copies), so every
+  device is priced and :func:`memory_per_gpu` returns the one with the largest total.
+* **Options**: ``fp32_grad_accum`` (4 B gradients), ``reshard_after_forward=False`` (ZeRO-3
+  that keeps gathered weights through the step: ZeRO-1's memory; Llama 3's FSDP).
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dtlab.memory import model_state_bytes
 from dtlab.plan.job import Requirements
-from dtlab.plan.layout_cost import activation_bytes_per_gpu
+from dtlab.plan.layout_cost import activation_bytes_by_device
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.stages import held_layers, holds_head, representative_devices
 
 
 @dataclass(frozen=True)
@@ -69,32 +74,74 @@ class MemoryPerGPU:
 
 
 def dense_shard_params(req: Requirements, plan: ParallelPlan) -> int:
-    """Dense parameters of one GPU's model shard: ``ceil(Ψ_d/(tp·pp))``."""
-    return math.ceil(req.dense_params / (plan.tp * plan.pp))
+    """Dense parameters of one GPU's model shard on its pipeline device with the most:
+    ``ceil(Ψ_d/(tp·pp))`` for equal stages (:func:`held_params` in general)."""
+    return math.ceil(max(held_params(req, plan, i)[0] for i in range(plan.pp)))
 
 
 def expert_shard_params(req: Requirements, plan: ParallelPlan) -> int:
     """Routed-expert parameters on one GPU: ``ceil(Ψ_e/(tp·pp·ep))`` (0 when dense)."""
-    return math.ceil(req.expert_params / (plan.tp * plan.pp * plan.ep))
+    return math.ceil(max(held_params(req, plan, i)[1] for i in range(plan.pp)))
+
+
+def held_params(req: Requirements, plan: ParallelPlan, device: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one GPU of pipeline device ``device`` holds: its
+    layers' share (:func:`dtlab.plan.stages.held_layers`) of the layer parameters over ``tp``
+    (experts also over ``ep``), plus the embedding on the first device and the head on the
+    last (``vocab·d`` each, when the job gives a vocabulary)."""
+    layers = held_layers(req, plan)[device]
+    dense_layers = req.dense_params - req.embedding_params
+    dense = dense_layers * layers / req.n_layers
+    if holds_head(plan, device) or plan.pp == 1:
+        dense += req.embedding_params / 2
+    if device == 0:
+        dense += req.embedding_params / 2
+    experts = req.expert_params * layers / req.n_layers / plan.ep
+    return dense / plan.tp, experts / plan.tp
+
+
+def state_by_category(params: float, ranks: int, plan: ParallelPlan) -> tuple[float, float, float]:
+    """(parameters, gradients, optimizer) bytes of ``params`` sharded over ``ranks``: bf16
+    weights 2 B, gradients 2 B (4 B with ``fp32_grad_accum``), FP32 master and Adam's two
+    moments 12 B; ZeRO-1 shards the 12, ZeRO-2 the gradients too, ZeRO-3 the weights too —
+    unless ``reshard_after_forward`` is off, when the weights stay gathered through the step
+    and the gradients accumulate unsharded (ZeRO-1's memory)."""
+    grad_bytes = 4 if plan.fp32_grad_accum else 2
+    stage = plan.zero_stage
+    if stage == 3 and not plan.reshard_after_forward:
+        stage = 1
+    weights = 2 * params / (ranks if stage >= 3 else 1)
+    grads = grad_bytes * params / (ranks if stage >= 2 else 1)
+    optimizer = 12 * params / (ranks if stage >= 1 else 1)
+    return weights, grads, optimizer
+
+
+def memory_by_device(
+    req: Requirements, plan: ParallelPlan, devices: tuple[int, ...] | None = None
+) -> list[MemoryPerGPU]:
+    """:class:`MemoryPerGPU` for one GPU of each pipeline device in ``devices`` (default all;
+    module docstring)."""
+    activations = activation_bytes_by_device(req, plan)
+    rows = []
+    for device in range(plan.pp) if devices is None else devices:
+        dense, experts = held_params(req, plan, device)
+        d = state_by_category(dense, plan.dp * plan.cp, plan)
+        e = state_by_category(experts, max(1, plan.dp * plan.cp // plan.ep), plan)
+        gathered = 0.0
+        if plan.zero_stage == 3 and plan.reshard_after_forward:
+            layer = (req.dense_params - req.embedding_params) / req.n_layers / plan.tp
+            if req.is_moe:
+                layer += req.expert_params / req.moe_layers / (plan.tp * plan.ep)
+            gathered = 2 * 2 * layer  # two layers, bf16
+        rows.append(
+            MemoryPerGPU(d[0] + e[0], d[1] + e[1], d[2] + e[2], activations[device], gathered)
+        )
+    return rows
 
 
 def memory_per_gpu(req: Requirements, plan: ParallelPlan) -> MemoryPerGPU:
     """Parameters, gradients, optimizer state, activations (and ZeRO-3's gathered layers) on one
-    GPU of the first pipeline stage (module docstring)."""
-    dense = model_state_bytes(dense_shard_params(req, plan), plan.dp * plan.cp, plan.zero_stage)
-    experts = model_state_bytes(
-        expert_shard_params(req, plan), plan.dp * plan.cp // plan.ep, plan.zero_stage
-    )
-    gathered = 0.0
-    if plan.zero_stage == 3:
-        layer = req.dense_params / req.n_layers / plan.tp
-        if req.is_moe:
-            layer += req.expert_params / req.moe_layers / (plan.tp * plan.ep)
-        gathered = 2 * 2 * layer  # two layers, bf16
-    return MemoryPerGPU(
-        float(dense.params + experts.params),
-        float(dense.grads + experts.grads),
-        float(dense.optimizer + experts.optimizer),
-        activation_bytes_per_gpu(req, plan),
-        gathered,
-    )
+    GPU of the pipeline device whose total is largest — with trimmed or uneven stages the peak
+    is rarely on stage 0 (module docstring)."""
+    worst_candidates = representative_devices(req, plan)
+    return max(memory_by_device(req, plan, worst_candidates), key=lambda m: m.total)

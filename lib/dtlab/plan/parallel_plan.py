@@ -9,15 +9,29 @@ not make: the ZeRO stage that shards model state over the data-parallel ranks (R
 2022: ``"none"``, ``"selective"`` — the attention core — or ``"full"`` — every layer from its
 input). Its degrees are kept as given, even impossible ones, so
 :func:`dtlab.plan.plan_problems` can say what is wrong with them.
+
+Beyond the layout, the choices production runs make and the model prices: the pipeline
+``schedule`` (``"1f1b"`` — interleaved when ``virtual_stages > 1`` —, ``"zb-h1"``, Qi et al.
+2024's zero-bubble schedule that defers weight gradients, ``"dualpipe"``, DeepSeek-V3's
+bidirectional schedule that overlaps one micro-batch's all-to-alls with another's compute and
+holds two copies of its stage, or ``"dualpipev"``, its one-copy V-shaped variant); ``cp_kind``
+(``"ring"`` attention, or Llama 3's ``"allgather"`` of K and V before attention);
+``reshard_after_forward`` (ZeRO-3/FSDP only: ``False`` keeps the gathered parameters from the
+step's first forward to its last backward — Llama 3's FSDP — which costs, in bytes and memory,
+what ZeRO-1 costs); ``fp32_grad_accum`` (gradients accumulated across micro-batches and reduced
+in FP32: 4 B per parameter instead of 2, Llama 3 Sec. 3.3.4); ``async_tp`` (collective matmul
+hides forward's TP collectives too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from dtlab.mesh import Layout
 
 RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "zb-h1", "dualpipe", "dualpipev")
+CP_KINDS = ("ring", "allgather")
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,19 @@ class ParallelPlan:
     cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention)
     ep: int = 1  # expert parallel, inside dp: each rank of an ep group holds n_experts/ep experts
     recompute: str = "selective"  # "none", "selective" or "full"
+    schedule: str = "1f1b"  # one of SCHEDULES; "1f1b" with virtual_stages > 1 is interleaved
+    cp_kind: str = "ring"  # "ring" or "allgather" (Llama 3)
+    reshard_after_forward: bool = True  # ZeRO-3 only; False: Llama 3's FSDP
+    fp32_grad_accum: bool = False  # gradients accumulated and reduced in FP32
+    async_tp: bool = False  # collective matmul: forward TP collectives hidden under GEMMs
+
+    def __hash__(self) -> int:
+        """Hash of the fields, computed once: the planner hashes thousands of these per search."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @property
     def world_size(self) -> int:
@@ -75,7 +102,15 @@ class ParallelPlan:
 
     def describe(self) -> str:
         """One line: ``tp8 cp2 pp16 v2 dp64 ep1 ZeRO-1 mbs1 selective``."""
+        extras = [
+            self.schedule if self.schedule != "1f1b" else "",
+            "all-gather CP" if self.cp_kind == "allgather" and self.cp > 1 else "",
+            "no reshard" if self.zero_stage == 3 and not self.reshard_after_forward else "",
+            "fp32 grads" if self.fp32_grad_accum else "",
+            "async TP" if self.async_tp else "",
+        ]
+        tail = "".join(f" {e}" for e in extras if e)
         return (
             f"tp{self.tp} cp{self.cp} pp{self.pp} v{self.virtual_stages} dp{self.dp} ep{self.ep} "
-            f"ZeRO-{self.zero_stage} mbs{self.micro_batch_size} {self.recompute}"
+            f"ZeRO-{self.zero_stage} mbs{self.micro_batch_size} {self.recompute}{tail}"
         )

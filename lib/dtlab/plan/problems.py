@@ -2,8 +2,9 @@
 
 In the order an interviewer checks them: the plan uses exactly the job's GPUs; TP stays inside
 a node, where its per-layer all-reduces ride NVLink (Shoeybi et al. 2019, Sec. 3); TP divides
-the heads (and so the hidden size), ``pp·v`` the layers (counting the first and last stage's trimmed
-slots, :attr:`~dtlab.plan.job.Requirements.pipeline_layer_slots`); CP splits the sequence into
+the heads (and so the hidden size); the pipeline can cut the layers into its chunks — any
+layer count, uneven stages allowed, every chunk at least one slot
+(:func:`dtlab.plan.stages.stage_problems`); CP splits the sequence into
 ``2·cp`` equal chunks (the zig-zag split that balances causal attention over the ring, Llama 3
 Sec. 3.3.2); EP only for a mixture of experts, dividing its experts and ``dp``; the ZeRO stage
 and the recomputation exist; the global batch splits into a whole number of micro-batches, at
@@ -11,8 +12,11 @@ least one per pipeline stage (and a multiple of ``pp`` when interleaved, Narayan
 Sec. 2.2). The layout rules among those come from :mod:`dtlab.mesh.layout_rules`, their one
 home, shared with the executor's checks (it says where the planner asks differently, and why);
 the ZeRO, recomputation and micro-batch rules are the planner's own. Only a plan that passes all
-of those is priced: memory by category (:func:`~dtlab.plan.memory_by_category.memory_per_gpu`)
-within the usable share of the GPU's memory, and a pipeline bubble within the job's limit.
+of those is priced: memory by category (:func:`~dtlab.plan.memory_by_category.memory_per_gpu`,
+the worst pipeline device) within the usable share of the GPU's memory, and a pipeline bubble
+within the job's limit. Both limits are the job's **policy** (``usable_memory_fraction``,
+``max_bubble``; defaults in :mod:`dtlab.plan.constants`), and a rejection names the policy it
+breaks and by how much.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 from dtlab.cost import gpu
 from dtlab.mesh.layout_rules import (
     context_parallel_problems,
-    equal_stage_problems,
     expert_parallel_problems,
     node_problems,
     tensor_parallel_problems,
@@ -28,7 +31,8 @@ from dtlab.mesh.layout_rules import (
 from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
-from dtlab.plan.parallel_plan import RECOMPUTE, ParallelPlan
+from dtlab.plan.parallel_plan import CP_KINDS, RECOMPUTE, SCHEDULES, ParallelPlan
+from dtlab.plan.stages import stage_problems
 
 
 def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
@@ -40,9 +44,12 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     problems += node_problems(plan.tp, req.gpus_per_node, unit="GPUs")
     # Megatron-LM replicates KV heads when tp exceeds them: the planner asks about query heads.
     problems += tensor_parallel_problems(plan.tp, req.n_heads)
-    problems += equal_stage_problems(
-        plan.pp, plan.virtual_stages, req.n_layers, req.pipeline_end_trim
-    )
+    if plan.schedule not in SCHEDULES:
+        problems.append(f"schedule={plan.schedule!r} is not a choice; use one of {SCHEDULES}")
+        return problems
+    if plan.cp_kind not in CP_KINDS:
+        problems.append(f"cp_kind={plan.cp_kind!r} is not a choice; use one of {CP_KINDS}")
+    problems += stage_problems(req, plan)
     if plan.cp > 1:  # the planner plans zig-zag context parallelism (Llama 3)
         problems += context_parallel_problems(plan.cp, req.seq_len, "zigzag")
     experts = req.n_experts if req.is_moe else 0
@@ -73,13 +80,23 @@ def plan_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     usable = gpu(req.gpu).hbm_bytes * req.usable_memory_fraction
     memory = memory_per_gpu(req, plan)
     if memory.total > usable:
+        over = memory.total - usable
         problems.append(
-            f"needs {memory.total / 1e9:.1f} GB per GPU (model state {memory.model_state / 1e9:.1f}"
-            f" + activations {memory.activations / 1e9:.1f}; {memory.summary()}) but only "
-            f"{usable / 1e9:.0f} GB is usable: shard more (tp, pp, ep, ZeRO) or cut activations "
-            "(cp, recompute)"
+            f"needs {memory.total / 1e9:.1f} GB per GPU on its worst pipeline stage (model state "
+            f"{memory.model_state / 1e9:.1f} + activations {memory.activations / 1e9:.1f}; "
+            f"{memory.summary()}) but the memory policy leaves {usable / 1e9:.1f} GB usable "
+            f"(usable_memory_fraction={req.usable_memory_fraction:g} of "
+            f"{gpu(req.gpu).hbm_bytes / 1e9:.0f} GB): {over / 1e9:.1f} GB ({over / usable:.0%}) "
+            "over; shard more (tp, pp, ep, ZeRO), cut activations (cp, recompute) or relax the "
+            "policy"
         )
+    if problems:
+        return problems  # the bubble of a plan that does not fit is not worth pricing
     bubble = pipeline_bubble(req, plan)
     if bubble > req.max_bubble:
-        problems.append(f"pipeline bubble {bubble:.1%} exceeds {req.max_bubble:.0%}")
+        problems.append(
+            f"bubble policy (max_bubble={req.max_bubble:g}): pipeline bubble {bubble:.1%} "
+            f"exceeds {req.max_bubble:.0%} by {(bubble - req.max_bubble) * 100:.1f} points: "
+            "more micro-batches, interleaving or a zero-bubble schedule, or relax the policy"
+        )
     return problems

@@ -12,7 +12,9 @@ Training on GPU Clusters Using Megatron-LM", Sec. 3, "takeaways"):
    higher ZeRO stage, because ZeRO-3 would all-gather every expert's weights (most of the model)
    twice a step while EP moves only the routed tokens (DeepSeek-V3 runs EP 64 with ZeRO-1);
 5. **the fewest model chunks per pipeline device** (interleaved 1F1B divides the bubble by ``v``
-   but sends ``v`` times the activations).
+   but sends ``v`` times the activations and holds more in flight): any depth ``v`` that
+   divides the layer slots per stage (``⌊slots/pp⌋``: 1, 2, 4 or 8 for Llama 3's 128 slots over
+   16 stages), stages uneven where ``pp`` does not divide the layers.
 
 Those five run first with the defaults every Megatron recipe starts from — selective
 recomputation, no context parallelism, micro-batch 1 — exactly the candidates (and the order)
@@ -21,8 +23,10 @@ levers that cut activations pulled, cheapest first (Korthikanti et al. 2022, Sec
 2023): **context parallelism**, smallest ``cp`` first (its ring hides behind attention's compute);
 then **full recomputation** (one more forward pass: 8·N instead of 6·N FLOPs), with ``cp``
 again from 1; then **no recomputation** (fastest when it fits, the most memory, so last);
-and **micro-batches of 2 and 4** last of all (more memory and a longer bubble; they only pay
-where small GEMMs are inefficient, which this model does not price). In those later tiers the
+and **micro-batches of 2** last of all (more memory and a longer bubble; they only pay
+where small GEMMs lose efficiency, :mod:`dtlab.plan.compute`). Pipelines also try the
+**ZB-H1** schedule (weight gradients fill the drain) and, for a mixture of experts,
+**DualPipe** (all-to-alls under another micro-batch's compute). In those later tiers the
 search skips degrees that cannot work (TP not dividing the heads, a sequence CP cannot split,
 a batch that gives no whole number of micro-batches), which keeps the 16,384-GPU job to a few
 thousand candidates.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from dtlab.cost import gpu
 from dtlab.mesh import layouts_of
 from dtlab.mesh.layout_rules import context_parallel_problems, divisors, tensor_parallel_problems
 from dtlab.plan.job import Requirements
@@ -40,30 +45,57 @@ from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
 
 ZERO_STAGES = (1, 2, 3)
-VIRTUAL_STAGES = (1, 2, 4)
 CP_DEGREES = (1, 2, 4, 8, 16, 32)
-MICRO_BATCH_SIZES = (1, 2, 4)
+MICRO_BATCH_SIZES = (1, 2)
 RECOMPUTE_ORDER = ("selective", "full", "none")
 
 
-def expert_degrees(req: Requirements, dp: int) -> list[int]:
-    """EP degrees worth trying: 1 for a dense model; else every divisor of ``dp`` that divides
-    the experts, smallest first."""
+def expert_degrees(req: Requirements, dp: int, tp: int = 1, pp: int = 1) -> list[int]:
+    """EP degrees worth trying: 1 for a dense model; else the divisors of ``dp`` that divide the
+    experts, from the smallest whose expert state (16 B/param of ``Ψ_e/(tp·pp·ep)``, before ZeRO)
+    fits the usable HBM, and twice that (rule 4: the smallest EP that fits; one doubling more
+    for when larger expert GEMMs pay for the traffic)."""
     if not req.is_moe:
         return [1]
-    return [e for e in divisors(math.gcd(req.n_experts, dp))]
+    usable = gpu(req.gpu).hbm_bytes * req.usable_memory_fraction
+    choices = divisors(math.gcd(req.n_experts, dp))
+    fits = [e for e in choices if 16 * req.expert_params / (tp * pp * e) <= usable]
+    if not fits:
+        return choices[-1:]
+    return [e for e in fits if e <= 2 * fits[0]]
+
+
+def interleave_depths(req: Requirements, pp: int) -> list[int]:
+    """Interleaving depths worth trying: 1 without a pipeline; else every divisor of the layer
+    slots per stage, ``⌊slots/pp⌋`` (each chunk keeps at least one slot)."""
+    if pp == 1:
+        return [1]
+    return divisors(max(1, req.pipeline_layer_slots // pp))
+
+
+def schedules_for(req: Requirements, pp: int, v: int) -> tuple[str, ...]:
+    """Schedules worth trying: 1F1B; with a pipeline and no interleaving also ZB-H1 — or, for a
+    mixture of experts on an even number of stages, DualPipe, whose overlap of the all-to-alls
+    is what such a job needs (and whose bubble is ZB-H1's order)."""
+    if pp == 1 or v > 1:
+        return ("1f1b",)
+    if req.is_moe and pp % 2 == 0:
+        return ("1f1b", "dualpipe")
+    return ("1f1b", "zb-h1")
 
 
 def _classic(req: Requirements) -> Iterator[ParallelPlan]:
     for layout in layouts_of(req.n_gpus, dims=("tp", "pp", "dp")):
-        if layout.tp > req.gpus_per_node:
+        if layout.tp > req.gpus_per_node or layout.pp > req.pipeline_layer_slots:
             continue
         for zero_stage in ZERO_STAGES:
-            for ep in expert_degrees(req, layout.dp):
-                for virtual_stages in VIRTUAL_STAGES if layout.pp > 1 else (1,):
-                    yield ParallelPlan(
-                        layout.dp, layout.tp, layout.pp, zero_stage, 1, virtual_stages, ep=ep
-                    )
+            for ep in expert_degrees(req, layout.dp, layout.tp, layout.pp):
+                for v in interleave_depths(req, layout.pp):
+                    for schedule in schedules_for(req, layout.pp, v):
+                        yield ParallelPlan(
+                            layout.dp, layout.tp, layout.pp, zero_stage, 1, v, ep=ep,
+                            schedule=schedule, fp32_grad_accum=req.fp32_grads,
+                        )  # fmt: skip
 
 
 def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
@@ -84,22 +116,26 @@ def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[P
         if tensor_parallel_problems(tp, req.n_heads) or req.n_gpus % (tp * cp):
             continue
         rest = req.n_gpus // (tp * cp)
-        for pp in (p for p in divisors(rest) if slots % p == 0):
+        for pp in (p for p in divisors(rest) if p <= slots):
             dp = rest // pp
             if sequences % (dp * mbs) or sequences // (dp * mbs) < pp:
                 continue
             m = sequences // (dp * mbs)
-            chunks = [
-                v for v in VIRTUAL_STAGES if slots % (pp * v) == 0 and (v == 1 or m % pp == 0)
-            ]
-            for zero_stage in ZERO_STAGES:
-                for ep in expert_degrees(req, dp):
-                    for v in chunks if pp > 1 else (1,):
-                        yield ParallelPlan(dp, tp, pp, zero_stage, mbs, v, cp, ep, recompute)
+            chunks = [v for v in interleave_depths(req, pp) if v == 1 or m % pp == 0]
+            for zero_stage in (1, 3):  # ZeRO-2 only in the classic tier: rarely between them
+                for ep in expert_degrees(req, dp, tp, pp):
+                    for v in chunks:
+                        for schedule in schedules_for(req, pp, v):
+                            yield ParallelPlan(
+                                dp, tp, pp, zero_stage, mbs, v, cp, ep, recompute, schedule,
+                                req.cp_kind if cp > 1 else "ring",
+                                fp32_grad_accum=req.fp32_grads,
+                            )  # fmt: skip
 
 
 def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
-    """Every plan worth checking for ``req``, in the expert's order of preference (above)."""
+    """Every plan worth checking for ``req``, in the expert's order of preference (above),
+    each carrying the job's numerics and CP requirement (``fp32_grads``, ``cp_kind``)."""
     yield from _classic(req)
     for mbs, recompute, cp in _levers(req):
         yield from _widened(req, mbs, recompute, cp)

@@ -1,210 +1,244 @@
-"""What a plan costs in time: compute, the communication that does not hide, the bubble, MFU.
+"""What a plan costs in time: compute by GEMM shape, exposed communication, the bubble, MFU.
 
-A plan that fits in memory can still be communication-bound. Per optimizer step and GPU
-(Narayanan et al. 2021, Sec. 3; the scaling-book's compute-vs-communication accounting):
+A plan that fits in memory can still be slow. Per optimizer step, on the slowest pipeline
+device (stages need not be equal), this model adds up:
 
-* **compute** ``= 6·Ψ·T / (G · peak · η)``: forward and backward FLOPs of ``Ψ`` parameters over
-  the step's ``T`` tokens, shared by ``G`` GPUs, at the GPU's dense BF16 peak times a matmul
-  efficiency ``η`` (default 0.7: what large, well-shaped GEMMs sustain; an assumption, stated).
-  For a mixture of experts ``Ψ`` is the *active* parameters (a token runs through ``top_k``
-  experts, not all of them: :attr:`~dtlab.plan.job.Requirements.active_params`);
-* **recomputation** (:func:`recompute_flops_per_gpu`), extra work MFU does not count: selective
-  reruns the attention core's forward, ``4·L·s·d`` FLOPs per token (a third of PaLM's
-  ``12·L·s·d`` for the attention core's forward and backward, Chowdhery et al. 2022, App. B);
-  full reruns the whole forward, ``2·Ψ`` more (``8·Ψ`` in all, :mod:`dtlab.cost.flops`);
-* **context parallel**: ring attention's K/V sends overlap the attention blocks they feed (Liu
-  et al. 2023, Sec. 3), so only the part longer than the attention core's own compute
-  (``12·L·s·d`` per token) is exposed — an assumption that holds while ``s/cp`` stays long;
-  at NVLink speed when the ring (``cp·tp`` consecutive ranks) stays in a node, else at the
-  GPU's own NIC;
-* **expert parallel**: dispatch and combine all-to-alls stand between the router and the
-  experts and between the experts and the next layer, so they are exposed (DeepSeek-V3's
-  DualPipe overlaps them with another micro-batch's compute, which this model does not price);
-  at NVLink speed when an EP group (``ep·cp·tp`` consecutive ranks) stays in a node, else every
-  byte at the GPU's own NIC (an upper bound: some peers share the node);
-* **tensor parallel** (TP + SP, at NVLink bandwidth: TP stays inside a node —
-  :func:`plan_problems` checks): charged **whole**, an upper bound on its exposed time. Forward's
-  all-gathers and reduce-scatters sit between a layer's matmuls (the next GEMM needs their
-  result), so they are exposed unless async TP (collective matmul) splits the GEMMs to hide
-  them. Backward is different: the reduce-scatter of a column-parallel linear's input gradient
-  is not needed by that linear's weight-gradient GEMM, so Megatron-LM launches it asynchronously
-  and runs wgrad meanwhile (``LinearWithGradAccumulationAndAsyncCommunication``, with
-  ``CUDA_DEVICE_MAX_CONNECTIONS=1`` so the collective is queued first); its re-all-gather of the
-  saved input overlaps the dgrad GEMM and is not counted here. The all-gather of the output
-  gradient before a row-parallel linear stays exposed (its dgrad needs it). So 2 of the 8
-  counted collectives per layer (a quarter of the bytes; without SP it would be 2 of 4
-  all-reduces, half) can hide, each behind its own wgrad GEMM:
-  :attr:`StepTime.tp_hideable_s` reports ``min(¼·tp, wgrad of the column-parallel linears)``,
-  the latter ``7/12`` of the weight-gradient compute (QKV ``3h²`` and FC1 ``4h²`` of a GPT
-  layer's ``12h²``; an approximation). The step does **not** subtract it: ``tp`` stays an upper
-  bound, ``tp − tp_hideable`` the exposed time under Megatron's backward overlap. It is kept
-  whole because dtlab's own TP issues the backward collective synchronously, and the hidden
-  share rests on GEMM shapes this model approximates; plans are ranked on the bound;
-* **pipeline**: point-to-point activations, exposed, at the NIC's bandwidth (stages span nodes);
-  the bubble stretches the compute-and-TP part by ``1/(1 − bubble)``;
-* **data parallel**: the gradient reduce-scatter/all-reduce overlaps the backward pass (⅔ of the
-  compute), so only the part longer than the backward is exposed — at the ring's bus bandwidth
-  (:func:`dp_bus_bandwidth_of`: NVLink inside a node; across nodes the NICs of the group's
-  members in each node).
+* **compute** (:mod:`dtlab.plan.compute`): each micro-batch's forward ``F``, input-gradient
+  backward ``B`` and weight-gradient backward ``W`` — linear layers at the efficiency their
+  GEMM shapes sustain (a stated curve, :mod:`dtlab.plan.constants`), causal attention at the
+  flash kernels' efficiency, recomputation in ``B``;
+* **exposed communication** per mechanism (:mod:`dtlab.plan.exposed`: what hides each one and
+  what shows) — TP's forward collectives (backward's hide behind the weight-gradient GEMMs),
+  CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
+  them, or only what outlasts a micro-batch's compute under DualPipe), PP's fill and drain hops,
+  and the DP sync on device 0 beyond the backward that follows its gradients there (ZeRO-2/3:
+  per micro-batch, with prefetch);
+* **the schedule's idle time** (:func:`dtlab.cost.bubble.schedule_idle`: 1F1B, interleaved,
+  ZB-H1, DualPipe/DualPipeV) from those ``F``, ``B``, ``W`` with their exposed communication.
 
-Links: ``req.gpu``'s NVLink inside a node; one 400 Gb/s NIC per GPU across nodes (a
-rail-optimised fabric: each GPU's traffic leaves on its own NIC; pipeline sends use one). Bytes
-per step per GPU are :func:`~dtlab.plan.layout_cost.traffic_per_gpu`'s.
-``step = (compute + recompute + tp + pp + exposed cp + ep) / (1 − bubble) + exposed dp``;
-``MFU = 6·Ψ·T / (G · peak · step)``.
+``step = m·(F + B + W + exposed per micro-batch) + idle + exposed PP + exposed DP``;
+``MFU = 6·N·T / (G · peak · step)`` (Kaplan's ``6N``, active parameters for an MoE) and, beside
+it, on ``6N + 6·L·s·w`` (causal attention counted; :func:`dtlab.plan.compute.attention_flops_per_token`).
+Links are the job's (:class:`~dtlab.plan.job.Requirements`: NVLink of its GPU, ``nics_per_node``
+NICs of ``nic_bytes_per_s``); :func:`step_time` and :func:`fastest_plans` take a NIC or a NIC
+count to ask "what if the fabric were different".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dtlab.cost import gpu
-from dtlab.cost.hardware import IB_NDR_400, Link
+from dtlab.cost.alpha_beta import Link
+from dtlab.cost.bubble import schedule_idle
+from dtlab.plan.compute import (
+    MicroBatchCompute,
+    attention_flops_per_token,
+    layer_efficiency,
+    micro_batch_compute,
+)
+from dtlab.plan.constants import OVERLAP_COST
+from dtlab.plan.exposed import (
+    cp_exposed,
+    dp_bus_bandwidth_of,
+    dp_exposed,
+    dp_seconds,
+    dp_total_seconds,
+    ep_exposed,
+    ep_seconds_per_micro_batch,
+    group_bandwidth_of,
+    pp_exposed_s,
+    tp_exposed,
+    tp_seconds_per_micro_batch,
+)
 from dtlab.plan.job import Requirements
-from dtlab.plan.layout_cost import pipeline_bubble, traffic_per_gpu
+from dtlab.plan.layout_cost import micro_batches
+from dtlab.plan.memory_by_category import held_params
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
 from dtlab.plan.search import candidate_plans
+from dtlab.plan.stages import representative_devices
 
-MATMUL_EFFICIENCY = 0.7
+__all__ = [
+    "StepTime",
+    "dp_bus_bandwidth_of",
+    "fastest_plans",
+    "group_bandwidth_of",
+    "step_time",
+    "with_fabric",
+]
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """One plan's step, in seconds per optimizer step, and the MFU it implies."""
+    """One plan's step, in seconds per optimizer step, by part, and the MFU it implies.
 
-    compute_s: float
+    ``*_s`` are all of a mechanism's seconds; ``*_exposed_s`` the part overlap leaves on the
+    critical path (the step adds only those)."""
+
+    compute_s: float  # F + B + W without reruns, all micro-batches, slowest device
     tp_s: float
     pp_s: float
     dp_s: float
     dp_exposed_s: float
-    bubble: float
+    bubble: float  # idle / (busy + idle) of the pipeline part
     step_s: float
-    mfu: float
+    mfu: float  # on 6N
     recompute_s: float = 0.0
     cp_s: float = 0.0
     cp_exposed_s: float = 0.0
     ep_s: float = 0.0
-    tp_hideable_s: float = 0.0
-    """Of ``tp_s``, the backward reduce-scatters that Megatron's async launch hides behind the
-    weight-gradient GEMMs (module docstring); ``tp_s`` charges them anyway (an upper bound)."""
+    tp_exposed_s: float = 0.0
+    pp_exposed_s: float = 0.0
+    ep_exposed_s: float = 0.0
+    attention_s: float = 0.0  # of compute_s, causal attention
+    idle_s: float = 0.0
+    mfu_attention: float = 0.0  # on 6N + causal attention
+    gemm_efficiency: float = 0.0  # the layer GEMMs' share of peak (shape curve)
+
+    @property
+    def tp_hideable_s(self) -> float:
+        """Of ``tp_s``, what overlap hides (backward's collectives behind wgrad)."""
+        return self.tp_s - self.tp_exposed_s
+
+    @property
+    def exposed_communication_s(self) -> float:
+        return (
+            self.tp_exposed_s
+            + self.pp_exposed_s
+            + self.dp_exposed_s
+            + self.cp_exposed_s
+            + self.ep_exposed_s
+        )
 
     @property
     def communication_bound(self) -> bool:
         """Whether exposed communication takes longer than the compute itself."""
-        exposed = self.tp_s + self.pp_s + self.dp_exposed_s + self.cp_exposed_s + self.ep_s
-        return exposed > self.compute_s
+        return self.exposed_communication_s > self.compute_s
 
 
-def attention_core_flops_per_gpu(req: Requirements) -> float:
-    """The attention core's forward and backward FLOPs one GPU runs per step: ``12·L·s·d``
-    per token (PaLM, Chowdhery et al. 2022, App. B; causal masking would halve it)."""
-    return 12 * req.n_layers * req.seq_len * req.d_model * req.global_batch_tokens / req.n_gpus
+def with_fabric(
+    req: Requirements, nic: Link | None = None, nics_per_node: int | None = None
+) -> Requirements:
+    """``req`` with another NIC or NIC count (None keeps the job's)."""
+    if nic is not None:
+        req = replace(req, nic_bytes_per_s=nic.bandwidth_bytes_per_s)
+    if nics_per_node is not None:
+        req = replace(req, nics_per_node=nics_per_node)
+    return req
 
 
-def recompute_flops_per_gpu(req: Requirements, plan: ParallelPlan) -> float:
-    """FLOPs one GPU spends per step redoing forward work: 0 without recomputation; the
-    attention core's forward (a third of :func:`attention_core_flops_per_gpu`) when selective;
-    that plus ``2·Ψ_active·T/G`` (one more forward of the matmuls) when full."""
-    if plan.recompute == "none":
-        return 0.0
-    attention = attention_core_flops_per_gpu(req) / 3
-    if plan.recompute == "selective":
-        return attention
-    return attention + 2 * req.active_params * req.global_batch_tokens / req.n_gpus
+@dataclass(frozen=True)
+class _Device:
+    compute: MicroBatchCompute
+    tp_forward: float
+    tp_backward: float
+    tp_s: float
+    cp_s: float
+    cp_shown: float
+    ep_s: float
+    ep_shown: float
+    dp_per_micro_batch: float
+    overlap_cost: float  # compute lost to the communication hidden under it
+
+    @property
+    def forward(self) -> float:
+        c = self.compute
+        return c.forward_s + self.tp_forward + (self.cp_shown + self.ep_shown) / 3
+
+    @property
+    def input_grad(self) -> float:
+        c = self.compute
+        shown = 2 * (self.cp_shown + self.ep_shown) / 3 + self.dp_per_micro_batch
+        return c.input_grad_s + self.tp_backward + shown + self.overlap_cost
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.input_grad + self.compute.weight_grad_s
 
 
-def tp_backward_hideable_share(plan: ParallelPlan) -> float:
-    """The share of a plan's TP bytes (:func:`traffic_per_gpu`'s ``tp``) that backward can hide
-    without async TP: the 2 input-gradient reduce-scatters of the 8 TP + SP collectives per layer
-    and micro-batch, ``1/4`` — of the un-recomputed bytes, so ``1/6`` under full recomputation,
-    whose rerun forward (the extra half) is exposed like forward's."""
-    return 0.25 / (1.5 if plan.recompute == "full" else 1.0)
+def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Device:
+    c = micro_batch_compute(req, plan, device)
+    tp_s = tp_seconds_per_micro_batch(req, plan, c.layers)
+    forward, backward = tp_exposed(plan, tp_s, c)
+    cp_s, cp_shown = cp_exposed(req, plan, c)
+    ep_s = ep_seconds_per_micro_batch(req, plan, c.layers)
+    ep_shown = ep_exposed(plan, ep_s, c)
+    rs, ag = dp_seconds(req, plan, *held_params(req, plan, device))
+    _, per_micro_batch = dp_exposed(plan, rs, ag, c, m)
+    dp_per_micro_batch = 0.0
+    if plan.zero_stage == 2:
+        dp_per_micro_batch = rs
+    elif plan.zero_stage == 3 and plan.reshard_after_forward:
+        dp_per_micro_batch = 2 * ag + rs
+    hidden = (
+        tp_s - forward - backward
+        + cp_s - cp_shown
+        + ep_s - ep_shown
+        + max(0.0, dp_per_micro_batch - per_micro_batch)
+    )  # fmt: skip
+    cost = overlap_cost(req, hidden)
+    return _Device(c, forward, backward, tp_s, cp_s, cp_shown, ep_s, ep_shown, per_micro_batch,
+                   cost)  # fmt: skip
 
 
-def column_parallel_wgrad_s(compute_s: float) -> float:
-    """The time of the weight-gradient GEMMs the backward reduce-scatters can hide behind: wgrad
-    is a third of ``compute_s`` (``2·Ψ`` of ``6·Ψ``), of which the column-parallel linears (QKV
-    ``3h²`` and FC1 ``4h²`` of a GPT layer's ``12h²``) take ``7/12`` — an approximation."""
-    return compute_s / 3 * 7 / 12
-
-
-def group_bandwidth_of(
-    req: Requirements, span: int, nic: Link = IB_NDR_400, nics_per_node: int | None = None
-) -> float:
-    """Bytes/s per GPU for a group spanning ``span`` consecutive ranks: NVLink inside a node,
-    else the GPU's share of its node's NICs (one each, rail-optimised, by default)."""
-    spec = gpu(req.gpu)
-    if span <= req.gpus_per_node:
-        return spec.nvlink.bandwidth_bytes_per_s
-    nics = nics_per_node or req.gpus_per_node
-    share = nics * nic.bandwidth_bytes_per_s / req.gpus_per_node
-    return min(spec.nvlink.bandwidth_bytes_per_s, share)
-
-
-def dp_bus_bandwidth_of(
-    req: Requirements, plan: ParallelPlan, nic: Link = IB_NDR_400, nics_per_node: int | None = None
-) -> float:
-    """Bus bandwidth (bytes/s per GPU) of this plan's data-parallel ring.
-
-    Ranks run ``(pp, dp, tp)`` row-major: a dp group strides ``tp``, so it spans ``dp·tp``
-    consecutive ranks. Inside a node it runs on NVLink. Across nodes, a node's ``nics_per_node``
-    NICs (default one per GPU: rail-optimised) carry the rings of its ``tp`` dp groups, one ring
-    per NIC as NCCL runs them, so each group gets ``min(NVLink, nics · NIC / tp)`` — 200 GB/s at
-    tp = 2 on eight 400 Gb/s NICs, 25 GB/s with one NIC per node
-    (:func:`dtlab.cost.crossover.dp_bus_bandwidth` is the tp = 1 case). With context
-    parallelism the gradients are reduced over the ``dp·cp`` ranks holding the same shard — one
-    group striding ``tp`` over ``dp·cp·tp`` ranks, so still ``tp`` groups per node (an MoE's
-    expert gradients, over ``dp·cp/ep`` ranks, are priced at the same bandwidth).
-    """
-    spec = gpu(req.gpu)
-    if plan.dp * plan.cp * plan.tp <= req.gpus_per_node:
-        return spec.nvlink.bandwidth_bytes_per_s
-    nics = nics_per_node or req.gpus_per_node
-    return min(spec.nvlink.bandwidth_bytes_per_s, nics * nic.bandwidth_bytes_per_s / plan.tp)
+def overlap_cost(req: Requirements, hidden_s: float) -> float:
+    """Compute time lost to ``hidden_s`` of communication running beside it:
+    :data:`~dtlab.plan.constants.OVERLAP_COST` of it, or nothing when the job reserves SMs for
+    communication (its compute already runs on fewer SMs)."""
+    return 0.0 if req.comm_sm_fraction else OVERLAP_COST * max(0.0, hidden_s)
 
 
 def step_time(
     req: Requirements,
     plan: ParallelPlan,
-    efficiency: float = MATMUL_EFFICIENCY,
-    nic: Link = IB_NDR_400,
+    nic: Link | None = None,
     nics_per_node: int | None = None,
 ) -> StepTime:
     """The step of ``plan`` for ``req`` (module docstring); assumes the plan passes
     :func:`plan_problems` (a plan that does not has no step to time)."""
-    spec = gpu(req.gpu)
-    sustained = spec.bf16_dense_flops * efficiency
-    flops = 6 * req.active_params * req.global_batch_tokens / req.n_gpus
-    compute = flops / sustained
-    recompute = recompute_flops_per_gpu(req, plan) / sustained
-    traffic = traffic_per_gpu(req, plan)
-    tp = traffic.tp / spec.nvlink.bandwidth_bytes_per_s
-    tp_hideable = min(tp_backward_hideable_share(plan) * tp, column_parallel_wgrad_s(compute))
-    pp = traffic.pp / nic.bandwidth_bytes_per_s
-    dp = traffic.dp / dp_bus_bandwidth_of(req, plan, nic, nics_per_node)
-    dp_exposed = max(0.0, dp - compute * 2 / 3)
-    cp = traffic.cp / group_bandwidth_of(req, plan.cp * plan.tp, nic, nics_per_node)
-    cp_exposed = max(0.0, cp - attention_core_flops_per_gpu(req) / sustained) if cp else 0.0
-    span = plan.ep * plan.cp * plan.tp
-    ep = traffic.ep / group_bandwidth_of(req, span, nic, nics_per_node) if traffic.ep else 0.0
-    bubble = pipeline_bubble(req, plan)
-    step = (compute + recompute + tp + pp + cp_exposed + ep) / (1 - bubble) + dp_exposed
-    mfu = flops / (spec.bf16_dense_flops * step)
+    req = with_fabric(req, nic, nics_per_node)
+    m = max(1, int(micro_batches(req, plan)))
+    devices = [_device(req, plan, i, m) for i in representative_devices(req, plan)]
+    slow = max(devices, key=lambda d: d.total)
+    idle = 0.0
+    if plan.pp > 1:
+        idle = schedule_idle(plan.schedule, plan.pp, plan.virtual_stages, slow.forward,
+                             slow.input_grad, slow.compute.weight_grad_s)  # fmt: skip
+    pipeline = m * slow.total + idle
+    first = devices[0]
+    rs, ag = dp_seconds(req, plan, *held_params(req, plan, 0))
+    dp_step, _ = dp_exposed(plan, rs, ag, first.compute, m)
+    dp_all = dp_total_seconds(plan, rs, ag, m)
+    per_step_hidden = 0.0  # ZeRO 0-1 (and Llama 3's FSDP): the once-a-step sync's hidden part
+    if not (plan.zero_stage == 2 or (plan.zero_stage == 3 and plan.reshard_after_forward)):
+        per_step_hidden = max(0.0, dp_all - dp_step)
+    pp_s, pp_shown = pp_exposed_s(req, plan)
+    step = pipeline + pp_shown + dp_step + overlap_cost(req, per_step_hidden + pp_s - pp_shown)
+    c = slow.compute
+    tokens = req.global_batch_tokens
+    peak = gpu(req.gpu).bf16_dense_flops * req.n_gpus
+    six_n = 6 * req.active_params * tokens
     return StepTime(
-        compute,
-        tp,
-        pp,
-        dp,
-        dp_exposed,
-        bubble,
-        step,
-        mfu,
-        recompute,
-        cp,
-        cp_exposed,
-        ep,
-        tp_hideable_s=tp_hideable,
+        compute_s=m * (c.total_s - c.recompute_s),
+        tp_s=m * slow.tp_s,
+        pp_s=pp_s,
+        dp_s=dp_all,
+        dp_exposed_s=dp_step + m * slow.dp_per_micro_batch,
+        bubble=idle / pipeline,
+        step_s=step,
+        mfu=six_n / (peak * step),
+        recompute_s=m * c.recompute_s,
+        cp_s=m * slow.cp_s,
+        cp_exposed_s=m * slow.cp_shown,
+        ep_s=m * slow.ep_s,
+        tp_exposed_s=m * (slow.tp_forward + slow.tp_backward),
+        pp_exposed_s=pp_shown,
+        ep_exposed_s=m * slow.ep_shown,
+        attention_s=m * 3 * c.attention_forward_s,
+        idle_s=idle,
+        mfu_attention=(six_n + attention_flops_per_token(req) * tokens) / (peak * step),
+        gemm_efficiency=layer_efficiency(req, plan),
     )
 
 
@@ -212,8 +246,9 @@ def fastest_plans(
     req: Requirements, limit: int = 5, nics_per_node: int | None = None
 ) -> list[tuple[ParallelPlan, StepTime]]:
     """The plans that pass every check, fastest step first."""
+    req = with_fabric(req, None, nics_per_node)
     timed = [
-        (plan, step_time(req, plan, nics_per_node=nics_per_node))
+        (plan, step_time(req, plan))
         for plan in candidate_plans(req)
         if not plan_problems(req, plan)
     ]

@@ -9,7 +9,12 @@ the step time and MFU. Lab 11 prints it::
     print_worked_jobs()
 
 Every number is the planner's model (its assumptions are in each module's docstring), not a
-measurement.
+measurement. :func:`print_published_table` holds the model against published runs
+(:mod:`dtlab.plan.published`): for each, the source, whether the layout passes under the paper's
+policy, the published and predicted step, both MFU bases, the ratio, where the layout ranks among
+the planner's own passing plans, and what the planner's best plan claims::
+
+    python -m dtlab.plan.worked --published
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dtlab.plan.large_jobs import CAPSTONE_JOBS
 from dtlab.plan.layout_cost import StepTraffic, traffic_per_gpu
 from dtlab.plan.memory_by_category import MemoryPerGPU, memory_per_gpu
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.published import PUBLISHED_RUNS, PlannerVsPublished, PublishedRun, compare
 from dtlab.plan.search import first_plan_that_fits
 from dtlab.plan.step_time import StepTime, fastest_plans, step_time
 
@@ -81,5 +87,52 @@ def print_worked_jobs(jobs: tuple[Requirements, ...] = CAPSTONE_JOBS) -> None:
         print(format_worked(row))
 
 
+PUBLISHED_HEADER = (
+    "| run | source | layout | accepted | step published → predicted (ratio) | "
+    "MFU 6N published / predicted | MFU 6N+attn published / predicted | rank | best plan |"
+)
+
+
+def format_published(c: PlannerVsPublished) -> str:
+    """One markdown row of the planner-vs-published table."""
+    r, t = c.run, c.predicted
+    verdict = "yes" if not c.problems else "no: " + c.problems[0].split(":")[0]
+    return (
+        f"| {r.name} | {r.source} | {r.plan.describe()} | {verdict} | "
+        f"{r.step_s:.2f} s → {t.step_s:.2f} s ({c.step_ratio:.2f}) | "
+        f"{r.mfu_6n:.1%} / {t.mfu:.1%} | {r.mfu_attention:.1%} / {t.mfu_attention:.1%} | "
+        f"{c.rank + 1} of {len(c.passing_steps)} ({c.rank_fraction:.0%}) | "
+        f"{c.best_plan.describe()}: {c.best.mfu:.1%} ({c.best_mfu_ratio:.2f}× published) |"
+    )
+
+
+def print_published_table(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> None:
+    """Print the planner against every published run (a markdown table)."""
+    print(PUBLISHED_HEADER)
+    print("|" + "---|" * PUBLISHED_HEADER.count(" | ") + "---|")
+    for run in runs:
+        print(format_published(compare(run)))
+
+
+def print_published_steps(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> None:
+    """The published layouts priced, without the search (fast): acceptance, the published and
+    predicted step, both MFU bases and the ratio."""
+    from dtlab.plan.problems import plan_problems
+    from dtlab.plan.step_time import step_time
+
+    for run in runs:
+        t = step_time(run.job, run.plan)
+        problems = plan_problems(run.job, run.plan)
+        print(
+            f"{run.name:<36} {run.plan.describe()}\n"
+            f"    {'accepted' if not problems else 'refused: ' + problems[0][:60]}; step "
+            f"{run.step_s:.2f} s published, {t.step_s:.2f} s predicted ({t.step_s / run.step_s:.2f}"
+            f"×); MFU 6N {run.mfu_6n:.1%} / {t.mfu:.1%}, 6N+attention {run.mfu_attention:.1%} / "
+            f"{t.mfu_attention:.1%}  [{run.source}]"
+        )
+
+
 if __name__ == "__main__":
-    print_worked_jobs()
+    import sys
+
+    print_published_table() if "--published" in sys.argv else print_worked_jobs()

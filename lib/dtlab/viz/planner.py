@@ -97,7 +97,7 @@ def rank_layouts(
 
 def _reason(problem: str) -> str:
     """A problem with its numbers replaced by ``N``, so layouts failing for one reason count
-    together (``"needs N GB per GPU (…) but only N GB is usable"``)."""
+    together (``"needs N GB per GPU on its worst pipeline stage (…) but the memory policy …"``)."""
     text = re.sub(r"\d[\d.,]*\d|\d", "N", problem)
     return text if len(text) <= 100 else text[:97].rsplit(" ", 1)[0] + " …"
 

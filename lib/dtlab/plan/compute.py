@@ -1,0 +1,188 @@
+"""What one GPU computes per micro-batch, and how long it takes: GEMM shapes, attention, reruns.
+
+**Linear layers.** A token costs ``2`` FLOPs per active parameter forward; backward computes
+the input gradient (dgrad) and the weight gradient (wgrad), ``2`` each (Kaplan et al. 2020,
+Sec. 2.1) — so ``6·N`` per token, the basis of MFU. The layers' share, ``N − 2·vocab·d``
+(the input embedding does no FLOPs; the output head's ``2·vocab·d`` runs on the last stage),
+is spread evenly over the ``L`` layers (DeepSeek-V3's three dense layers, ``3·d·18,432``, cost
+what its MoE layers' nine active experts do, ``9·3·d·2,048``). Each device does ``1/tp`` of its
+layers' work for the ``b·s/cp`` tokens of its micro-batch, at the efficiency of its GEMMs'
+shapes (:func:`gemm_efficiency`, constants in :mod:`dtlab.plan.constants`): QKV ``(n, d,
+(w + 2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` —
+``n = b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's
+routed experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens
+each (balanced routing over the EP group). The flop-weighted harmonic mean of those is the
+layer's efficiency; memory-bound kernels add :data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD`.
+
+**Attention** (the convention, stated): causal, so half the ``s × s`` square — forward ``2·s·w``
+FLOPs per token and layer (``Q·Kᵀ`` and ``A·V`` at ``s·w`` each over the half square), backward
+twice that: ``6·L·s·w`` per token, the MFU basis "6N + attention" uses. Per device ``1/tp`` of
+the heads; with context parallelism each rank's ``s/cp`` queries still see the whole causal
+prefix on average (zig-zag balancing), so per token the same. Timed at
+:data:`~dtlab.plan.constants.ATTENTION_EFFICIENCY` of the BF16 peak; a job without a flash kernel
+(``flash_attention=False``: Megatron-LM 2021) also pays
+:data:`~dtlab.plan.constants.SCORE_PASSES` HBM passes over its scores.
+
+**Recomputation** (Korthikanti et al. 2022), extra work MFU does not count: ``"full"`` reruns
+the whole forward; ``"selective"`` reruns the attention core's forward for a GPT-shaped job
+(Korthikanti's scores are then not stored) and only norms and activation functions — elementwise
+work inside :data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` — for a job that states its shapes,
+whose attention is a flash kernel that reruns the scores inside its own backward anyway.
+
+**The job's own overheads**, both stated by DeepSeek-V3 (Sec. 2.2 and 3.2.2):
+``comm_sm_fraction`` of the SMs run communication kernels (20 of the H800's 132 for DualPipe's
+all-to-alls), so compute runs on the rest; ``mtp_layers`` multi-token-prediction blocks and their
+output heads run on the last stage, work ``6N`` (of the main model) does not count.
+
+The per-micro-batch times split as the pipeline schedules need them (DeepSeek-V3 Table 2's
+``F``, ``B``, ``W``): forward ``F``, input-gradient backward ``B`` (attention's backward is all
+``B``: it has no weights; recomputation runs just before it, so it is counted in ``B``) and
+weight-gradient ``W``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from functools import lru_cache
+
+from dtlab.cost import gpu
+from dtlab.plan.constants import (
+    ATTENTION_EFFICIENCY,
+    FP8_SUSTAINED_SCALE,
+    GEMM_HALF_SIZE,
+    GEMM_MAX_FRACTION,
+    NON_GEMM_OVERHEAD,
+    SCORE_PASSES,
+)
+from dtlab.plan.job import Requirements
+from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.stages import device_layer_counts, holds_head
+
+
+def gemm_efficiency(gpu_name: str, m: float, k: float, n: float) -> float:
+    """Fraction of the dense peak a ``(m × k) @ (k × n)`` GEMM sustains:
+    ``η_max / (1 + n₀/m + n₀/k + n₀/n)`` (:mod:`dtlab.plan.constants`)."""
+    if min(m, k, n) <= 0:
+        raise ValueError(f"GEMM sizes must be > 0, got m={m}, k={k}, n={n}")
+    peak_fraction = GEMM_MAX_FRACTION.get(gpu_name, 0.75)
+    return peak_fraction / (1 + GEMM_HALF_SIZE * (1 / m + 1 / k + 1 / n))
+
+
+def tokens_per_micro_batch(req: Requirements, plan: ParallelPlan) -> int:
+    """Tokens one GPU's GEMMs see per micro-batch: ``b·s/cp`` (SP re-gathers the TP shard)."""
+    return max(1, plan.micro_batch_size * req.seq_len // plan.cp)
+
+
+def layer_gemms(req: Requirements, plan: ParallelPlan) -> list[tuple[float, float, float]]:
+    """The ``(m, k, n)`` forward GEMMs of one layer on one GPU for one micro-batch."""
+    n, d, t, w = tokens_per_micro_batch(req, plan), req.d_model, plan.tp, req.attn_width
+    gemms = [(n, d, (w + 2 * req.kv_width) / t), (n, w / t, d)]
+    g = 2 if req.gated_mlp else 1
+    if req.is_moe and req.expert_d_ff:
+        routed = max(1.0, n * req.top_k * plan.ep / req.n_experts)
+        gemms += [(routed, d, g * req.expert_d_ff / t), (routed, req.expert_d_ff / t, d)]
+    else:
+        gemms += [(n, d, g * req.ffn / t), (n, req.ffn / t, d)]
+    return gemms
+
+
+@lru_cache(maxsize=4096)
+def layer_efficiency(req: Requirements, plan: ParallelPlan) -> float:
+    """The flop-weighted harmonic mean of :func:`layer_gemms`' efficiencies."""
+    flops = [m * k * n for m, k, n in layer_gemms(req, plan)]
+    times = [
+        f / gemm_efficiency(req.gpu, *shape)
+        for f, shape in zip(flops, layer_gemms(req, plan), strict=True)
+    ]
+    return sum(flops) / sum(times)
+
+
+def gemm_flops_per_second(req: Requirements, plan: ParallelPlan) -> float:
+    """What this plan's layer GEMMs sustain on one GPU, FP8 or BF16 as the job says."""
+    spec = gpu(req.gpu)
+    if req.gemm_dtype == "fp8" and spec.fp8_dense_flops:
+        return spec.fp8_dense_flops * layer_efficiency(req, plan) * FP8_SUSTAINED_SCALE
+    return spec.bf16_dense_flops * layer_efficiency(req, plan)
+
+
+def linear_params_per_layer(req: Requirements) -> float:
+    """Active parameters per layer: ``(N_active − 2·vocab·d) / L``."""
+    return (req.active_params - req.embedding_params) / req.n_layers
+
+
+def attention_flops_per_token(req: Requirements) -> float:
+    """Causal attention, forward and backward, all layers: ``6·L·s·w`` (module docstring)."""
+    return 6 * req.n_layers * req.seq_len * req.attn_width
+
+
+@dataclass(frozen=True)
+class MicroBatchCompute:
+    """One device's compute for one micro-batch, in seconds, split as the schedules need."""
+
+    forward_s: float  # F: linear + attention forward
+    input_grad_s: float  # B: dgrad + attention backward + recomputation
+    weight_grad_s: float  # W: wgrad
+    attention_forward_s: float  # of F, the attention core
+    recompute_s: float  # of B, the rerun forward
+    layers: int
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.input_grad_s + self.weight_grad_s
+
+
+@lru_cache(maxsize=65536)
+def micro_batch_compute(req: Requirements, plan: ParallelPlan, device: int) -> MicroBatchCompute:
+    """F, B, W of one micro-batch on pipeline device ``device`` (module docstring). Under
+    DualPipe half the micro-batches run stage ``i`` on device ``i`` and half its mirror
+    ``pp−1−i``, so the device's micro-batch is their average (the two directions balance the
+    embedding's stage against the head's)."""
+    if plan.schedule == "dualpipe" and plan.pp > 1:
+        one = _stage_compute(req, plan, device)
+        other = _stage_compute(req, plan, plan.pp - 1 - device)
+        return MicroBatchCompute(
+            *((a + b) / 2 for a, b in zip(astuple(one)[:-1], astuple(other)[:-1], strict=True)),
+            layers=max(one.layers, other.layers),
+        )
+    return _stage_compute(req, plan, device)
+
+
+@lru_cache(maxsize=16384)
+def _unit_seconds(req: Requirements, plan: ParallelPlan) -> tuple[float, float, float]:
+    """Forward seconds of one layer's linear part, one layer's attention, one output head, for
+    one micro-batch on one GPU (module docstring)."""
+    n = tokens_per_micro_batch(req, plan)
+    sms = 1 - req.comm_sm_fraction
+    per_flop = (1 + NON_GEMM_OVERHEAD) / (gemm_flops_per_second(req, plan) * sms)
+    layer = 2 * linear_params_per_layer(req) * n / plan.tp * per_flop
+    head = 2 * req.vocab_size * req.d_model * n / plan.tp * per_flop
+    attention_flops = 2 * req.seq_len * req.attn_width * n / plan.tp
+    attention = attention_flops / (gpu(req.gpu).bf16_dense_flops * ATTENTION_EFFICIENCY * sms)
+    if not req.flash_attention:  # separate kernels: the scores go through HBM
+        scores = plan.micro_batch_size * req.n_heads / plan.tp * n / plan.micro_batch_size
+        attention += (
+            SCORE_PASSES * 2 * scores * req.seq_len / gpu(req.gpu).hbm_bandwidth_bytes_per_s
+        )
+    return layer, attention, head
+
+
+def _stage_compute(req: Requirements, plan: ParallelPlan, stage: int) -> MicroBatchCompute:
+    layers = device_layer_counts(req, plan)[stage]
+    heads = 0
+    head_here = stage == plan.pp - 1 if plan.schedule == "dualpipe" else holds_head(plan, stage)
+    if head_here:
+        layers += req.mtp_layers
+        heads = 1 + req.mtp_layers
+    layer_s, attention_layer_s, head_s = _unit_seconds(req, plan)
+    linear_s = layer_s * layers + head_s * heads
+    attention_s = attention_layer_s * layers
+    core_rerun = 0.0 if req.counts_tensors else attention_s
+    rerun = {"none": 0.0, "selective": core_rerun, "full": attention_s + linear_s}[plan.recompute]
+    return MicroBatchCompute(
+        forward_s=linear_s + attention_s,
+        input_grad_s=linear_s + 2 * attention_s + rerun,
+        weight_grad_s=linear_s,
+        attention_forward_s=attention_s,
+        recompute_s=rerun,
+        layers=layers,
+    )

@@ -1,0 +1,225 @@
+"""What each parallelism's communication costs the step once overlap has hidden what it can.
+
+Per mechanism, what is exposed and what hides it (seconds; bytes from
+:mod:`dtlab.plan.layout_cost` and :mod:`dtlab.plan.wire`; links from the job's hardware):
+
+* **TP + SP** (per micro-batch, NVLink): forward's 2 all-gathers and 2 reduce-scatters per
+  layer sit between GEMMs that need their results — exposed, unless ``async_tp`` (collective
+  matmul) splits the GEMMs to hide them (then only what outlasts forward's linear GEMMs shows).
+  Backward's input-gradient reduce-scatter is not needed by that layer's weight-gradient GEMM,
+  so Megatron-LM launches it asynchronously and runs wgrad meanwhile
+  (``CUDA_DEVICE_MAX_CONNECTIONS=1``), and the re-all-gather of the saved input overlaps dgrad:
+  backward's collectives show only where they outlast the weight-gradient GEMMs. A full
+  recomputation's rerun forward repeats forward's collectives, exposed like them.
+* **CP** (per micro-batch, NVLink while the ``cp·tp`` ranks stay in a node, else the NICs):
+  ring attention passes K/V blocks while it computes on the ones it holds (Liu et al. 2023), so
+  only what outlasts the attention compute of forward and backward shows; Llama 3's all-gather
+  CP gathers K and V before attention and reduce-scatters their gradients after it — exposed
+  (small with 8 K/V heads; Dubey et al. 2024, Sec. 3.3.2).
+* **EP** (per micro-batch): dispatch and combine, forward and backward, priced with the
+  node-limited byte model of :func:`dtlab.cost.moe.inter_node_dispatch_bytes` — a token crosses
+  the network once per remote node among its experts (at most ``node_limit``), then NVLink inside
+  the node; dispatch in FP8 when the job's GEMMs are FP8 (DeepSeek-V3), combine in BF16. Without
+  DualPipe the all-to-alls stand between router, experts and the next layer: exposed. DualPipe
+  and DualPipeV run one micro-batch's all-to-alls under another's compute (DeepSeek-V3 Sec.
+  3.2.1): only what outlasts a micro-batch's compute shows.
+* **PP** (per step): sends are asynchronous and overlap the next micro-batch's compute in the
+  steady state; the fill and the drain wait on each hop — ``2·(c − 1)`` sends of
+  ``b·(s/cp)·d/tp`` bf16 values (Megatron's scatter-gather: each TP rank sends its slice) over
+  the ``c`` chunks the micro-batch crosses.
+* **DP** (per step, on pipeline device 0 — the last to finish its backward, so the one with no
+  slack: a later stage's sync runs while earlier stages still compute): a reduction hides only
+  behind the backward that follows its gradients *on that device* — the last micro-batch's
+  backward of device 0's first chunk; ZeRO-1's parameter all-gather behind the next step's first
+  forward there. ZeRO-2 reduce-scatters every micro-batch behind that micro-batch's backward;
+  ZeRO-3 (FSDP, resharding after forward) gathers every layer for each micro-batch's forward and
+  again for its backward, prefetching the next layer under the current one's compute, so only
+  what outlasts the compute shows, plus the first layer's gather; without resharding (Llama 3)
+  it gathers once per step, priced like ZeRO-1. Bandwidth:
+  :func:`dp_bus_bandwidth_of`.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from dtlab.cost import gpu
+from dtlab.cost.moe import inter_node_dispatch_bytes
+from dtlab.cost.volumes import sp_collective_volume_per_layer
+from dtlab.memory import shard_numel
+from dtlab.plan.compute import MicroBatchCompute, tokens_per_micro_batch
+from dtlab.plan.job import Requirements
+from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.stages import chunk_count
+from dtlab.plan.wire import kv_width_per_tp_rank, ring_attention_bytes_per_layer
+
+
+def nic_bandwidth_per_gpu(req: Requirements) -> float:
+    """One GPU's share of its node's NICs: ``nics · NIC / gpus_per_node``."""
+    return req.nics * req.nic_bytes_per_s / req.gpus_per_node
+
+
+def group_bandwidth_of(req: Requirements, span: int) -> float:
+    """Bytes/s per GPU for a group spanning ``span`` consecutive ranks: NVLink inside a node,
+    else the GPU's share of its node's NICs."""
+    nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+    return nvlink if span <= req.gpus_per_node else min(nvlink, nic_bandwidth_per_gpu(req))
+
+
+def dp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
+    """Bus bandwidth (bytes/s per GPU) of this plan's data-parallel ring.
+
+    Ranks run ``(pp, dp, cp, tp)`` row-major: a dp group strides ``cp·tp`` and spans
+    ``dp·cp·tp`` consecutive ranks. Inside a node it runs on NVLink. Across nodes, a node's NICs
+    carry the rings of its ``tp`` groups (one ring per NIC, as NCCL runs them), so each group gets
+    ``min(NVLink, nics · NIC / tp)`` — 200 GB/s at tp = 2 on eight 400 Gb/s NICs, 50 GB/s at
+    tp = 8 (one NIC per DP group: Llama 3's and Megatron's layouts)."""
+    nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+    if plan.dp * plan.cp * plan.tp <= req.gpus_per_node:
+        return nvlink
+    return min(nvlink, req.nics * req.nic_bytes_per_s / plan.tp)
+
+
+def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
+    """All of one micro-batch's TP + SP collectives on one device (forward and backward)."""
+    if plan.tp == 1:
+        return 0.0
+    volume = sp_collective_volume_per_layer(
+        req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp
+    ).bytes_sent_per_rank
+    return volume * layers / gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+
+
+def tp_exposed(plan: ParallelPlan, tp_s: float, c: MicroBatchCompute) -> tuple[float, float]:
+    """(forward-side, backward-side) exposed TP seconds of one micro-batch (module docstring)."""
+    forward, backward = tp_s / 2, tp_s / 2
+    linear_forward = c.forward_s - c.attention_forward_s
+    shown_forward = max(0.0, forward - linear_forward) if plan.async_tp else forward
+    shown_backward = max(0.0, backward - c.weight_grad_s)
+    if plan.recompute == "full":
+        shown_backward += shown_forward  # the rerun forward's collectives
+    return shown_forward, shown_backward
+
+
+def cp_exposed(req: Requirements, plan: ParallelPlan, c: MicroBatchCompute) -> tuple[float, float]:
+    """(seconds of CP traffic, exposed seconds) of one micro-batch on one device."""
+    if plan.cp == 1:
+        return 0.0, 0.0
+    bandwidth = group_bandwidth_of(req, plan.cp * plan.tp)
+    if plan.cp_kind == "allgather":
+        kv = kv_width_per_tp_rank(req, plan)
+        forward = (plan.cp - 1) * 2 * tokens_per_micro_batch(req, plan) * kv * 2
+        passes = 3 if plan.recompute == "full" else 2  # gather, (regather), grads' RS
+        seconds = passes * forward * c.layers / bandwidth
+        return seconds, seconds
+    seconds = ring_attention_bytes_per_layer(req, plan) * c.layers / bandwidth
+    hidden = 3 * c.attention_forward_s  # the attention blocks of forward and backward
+    return seconds, max(0.0, seconds - hidden)
+
+
+@lru_cache(maxsize=1024)
+def remote_copies_per_token(top_k: int, n_experts: int, nodes: int, limit: int | None) -> float:
+    """Network copies of a token's vector per dispatch, uniform routing over ``nodes`` nodes with
+    one copy per remote node (:func:`dtlab.cost.moe.inter_node_dispatch_bytes`): 3.5 for
+    DeepSeek-V3 (8 of 256 experts, 8 nodes, at most 4 per token) where one copy per expert
+    would be 7."""
+    return inter_node_dispatch_bytes(
+        1, 1, top_k, n_experts, nodes, limit, True, 1
+    ).remote_copies_per_token
+
+
+def ep_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
+    """Dispatch and combine, forward and backward, of one micro-batch's MoE layers on one GPU."""
+    if not req.is_moe or plan.ep == 1:
+        return 0.0
+    moe_layers = layers * req.moe_layers / req.n_layers
+    tokens = max(1, tokens_per_micro_batch(req, plan) // plan.tp)  # the SP shard it routes
+    d, k = req.d_model, req.top_k
+    dispatch_bytes = 1 if req.gemm_dtype == "fp8" else 2
+    nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+    span = plan.ep * plan.cp * plan.tp
+    on_nvlink = tokens * d * k * (dispatch_bytes + 2) * (plan.ep - 1) / plan.ep / nvlink
+    if span <= req.gpus_per_node:
+        network = 0.0
+    else:
+        nodes = math.ceil(span / req.gpus_per_node)
+        while req.n_experts % nodes:
+            nodes -= 1
+        limit = min(req.node_limit, nodes) if req.node_limit else None
+        copies = remote_copies_per_token(k, req.n_experts, nodes, limit)
+        network = tokens * d * copies * (dispatch_bytes + 2) / nic_bandwidth_per_gpu(req)
+    forward = on_nvlink + network
+    passes = 3 if plan.recompute == "full" else 2
+    return passes * forward * moe_layers
+
+
+def ep_exposed(plan: ParallelPlan, ep_s: float, c: MicroBatchCompute) -> float:
+    """Exposed EP seconds: all of it, or under DualPipe what outlasts a micro-batch's compute."""
+    if plan.schedule in ("dualpipe", "dualpipev"):
+        return max(0.0, ep_s - c.total_s)
+    return ep_s
+
+
+def pp_exposed_s(req: Requirements, plan: ParallelPlan) -> tuple[float, float]:
+    """(all PP send seconds per step, exposed seconds: the fill's and drain's hops)."""
+    if plan.pp == 1:
+        return 0.0, 0.0
+    hop_bytes = tokens_per_micro_batch(req, plan) * req.d_model * 2 / plan.tp
+    bandwidth = group_bandwidth_of(req, plan.dp * plan.cp * plan.tp * 2)
+    m = req.global_batch_sequences / (plan.dp * plan.micro_batch_size)
+    hops = chunk_count(plan) if plan.schedule != "dualpipe" else plan.pp
+    total = 2 * m * hops / plan.pp * hop_bytes / bandwidth
+    return total, 2 * (hops - 1) * hop_bytes / bandwidth
+
+
+def dp_seconds(
+    req: Requirements, plan: ParallelPlan, dense: float, experts: float
+) -> tuple[float, float]:
+    """(reduce-scatter, all-gather) seconds of one full-shard pass over the dp groups for a
+    GPU holding ``dense`` and ``experts`` parameters (gradients FP32 when asked)."""
+    bandwidth = dp_bus_bandwidth_of(req, plan)
+    ranks = plan.dp * plan.cp
+    grad_bytes = 4 if plan.fp32_grad_accum else 2
+    one = (ranks - 1) * shard_numel(math.ceil(dense), ranks)
+    if experts:
+        e_ranks = max(1, ranks // plan.ep)
+        one += (e_ranks - 1) * shard_numel(math.ceil(experts), e_ranks)
+    return one * grad_bytes / bandwidth, one * 2 / bandwidth
+
+
+def dp_total_seconds(plan: ParallelPlan, rs: float, ag: float, m: int) -> float:
+    """All data-parallel seconds per step: one reduce-scatter and one all-gather for ZeRO 0–1
+    (and ZeRO-3 without resharding), ``m`` reduce-scatters for ZeRO-2, ``m·(2 all-gathers + 1
+    reduce-scatter)`` for ZeRO-3 (:func:`dtlab.plan.layout_cost.dp_bytes_per_step`)."""
+    if plan.zero_stage == 2:
+        return m * rs + ag
+    if plan.zero_stage == 3 and plan.reshard_after_forward:
+        return m * (2 * ag + rs)
+    return rs + ag
+
+
+def dp_exposed(
+    plan: ParallelPlan, rs: float, ag: float, c: MicroBatchCompute, m: int
+) -> tuple[float, float]:
+    """(exposed seconds per step on device 0, exposed seconds per micro-batch on every device)
+    of the data-parallel traffic (module docstring); ``c`` is device 0's micro-batch."""
+    chunks = plan.virtual_stages if plan.schedule == "1f1b" else 1
+    chunks = 2 if plan.schedule == "dualpipev" else chunks
+    last_backward = (c.input_grad_s + c.weight_grad_s) / chunks
+    first_forward = c.forward_s / chunks
+    stage = plan.zero_stage
+    if stage == 0:
+        return max(0.0, rs + ag - last_backward), 0.0
+    if stage == 1 or (stage == 3 and not plan.reshard_after_forward):
+        return max(0.0, rs - last_backward) + max(0.0, ag - first_forward), 0.0
+    if stage == 2:
+        per_micro_batch = max(0.0, rs - (c.input_grad_s + c.weight_grad_s))
+        return max(0.0, ag - first_forward), per_micro_batch
+    first_layer = ag / max(1, c.layers)
+    per_micro_batch = (
+        max(0.0, ag - c.forward_s)
+        + max(0.0, ag + rs - (c.input_grad_s + c.weight_grad_s))
+        + first_layer
+    )
+    return 0.0, per_micro_batch

@@ -1,0 +1,122 @@
+"""One input at a time, every effect of the step-time model points the way it should.
+
+Issue 29 asks for a model that is principled rather than fitted: change one thing about a job
+or a plan and the step moves in the direction the mechanism says, by the part of the step that
+mechanism owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dtlab.plan import LLAMA_70B, ParallelPlan
+from dtlab.plan.compute import gemm_efficiency
+from dtlab.plan.large_jobs import DEEPSEEK_V3, LLAMA3_405B
+from dtlab.plan.layout_cost import activation_bytes_per_gpu, pipeline_bubble
+from dtlab.plan.step_time import step_time
+
+BASE = ParallelPlan(dp=32, tp=4, pp=8, zero_stage=1, virtual_stages=2)
+JOB = replace(LLAMA_70B, nics_per_node=2)
+
+
+def test_more_tp_means_more_tp_bytes_exposed():
+    small = step_time(JOB, ParallelPlan(dp=64, tp=2, pp=16, zero_stage=1))
+    large = step_time(JOB, ParallelPlan(dp=16, tp=8, pp=16, zero_stage=1))
+    assert large.tp_exposed_s > small.tp_exposed_s
+
+
+def test_more_micro_batches_mean_a_smaller_bubble():
+    few = replace(JOB, global_batch_tokens=JOB.global_batch_tokens // 4)
+    assert pipeline_bubble(JOB, BASE) < pipeline_bubble(few, BASE)
+
+
+def test_deeper_interleaving_means_a_smaller_bubble():
+    deeper = replace(BASE, virtual_stages=5)
+    assert pipeline_bubble(JOB, deeper) < pipeline_bubble(JOB, BASE)
+
+
+def test_interleaving_holds_more_activations_than_plain_1f1b():
+    """Device 0 holds ``L·(1 + (p−1)/(p·v))`` layers' worth interleaved (Korthikanti et al.
+    2022, Sec. 4.2.3): more than 1F1B's ``L``, less as ``v`` grows."""
+    flat = replace(BASE, virtual_stages=1)
+    deeper = replace(BASE, virtual_stages=5)
+    assert activation_bytes_per_gpu(JOB, flat) < activation_bytes_per_gpu(JOB, deeper)
+    assert activation_bytes_per_gpu(JOB, deeper) < activation_bytes_per_gpu(JOB, BASE)
+
+
+def test_zero_bubble_and_dualpipe_schedules_idle_less_than_1f1b():
+    flat = replace(BASE, virtual_stages=1)
+    one_f_one_b = pipeline_bubble(JOB, flat)
+    assert pipeline_bubble(JOB, replace(flat, schedule="zb-h1")) < one_f_one_b
+    assert pipeline_bubble(JOB, replace(flat, schedule="dualpipev")) < one_f_one_b
+
+
+def test_a_longer_context_means_more_attention_flops_and_time():
+    longer = replace(JOB, seq_len=2 * JOB.seq_len)
+    short, long_ = step_time(JOB, BASE), step_time(longer, BASE)
+    assert long_.attention_s > short.attention_s
+    assert long_.mfu_attention - long_.mfu > short.mfu_attention - short.mfu
+
+
+def test_a_slower_nic_means_slower_data_parallel_sync():
+    slow = replace(JOB, nic_bytes_per_s=JOB.nic_bytes_per_s / 4)
+    assert step_time(slow, BASE).dp_s == pytest.approx(4 * step_time(JOB, BASE).dp_s)
+    assert step_time(slow, BASE).step_s > step_time(JOB, BASE).step_s
+
+
+def test_fewer_nics_per_node_mean_slower_pipeline_sends():
+    assert step_time(JOB, BASE).pp_s < step_time(replace(JOB, nics_per_node=1), BASE).pp_s
+
+
+def test_full_recomputation_costs_a_forward_and_saves_activations():
+    full = replace(BASE, recompute="full")
+    assert step_time(JOB, full).recompute_s > step_time(JOB, BASE).recompute_s
+    assert activation_bytes_per_gpu(JOB, full) < activation_bytes_per_gpu(JOB, BASE)
+
+
+def test_smaller_gemms_run_at_a_smaller_share_of_peak():
+    assert gemm_efficiency("h100_sxm", 512, 8192, 8192) < gemm_efficiency(
+        "h100_sxm", 8192, 8192, 8192
+    )
+    mbs2 = step_time(JOB, replace(BASE, micro_batch_size=2))
+    assert mbs2.gemm_efficiency > step_time(JOB, BASE).gemm_efficiency
+
+
+def test_zero3_pays_its_gathers_every_micro_batch():
+    zero1 = step_time(JOB, replace(BASE, zero_stage=1))
+    zero3 = step_time(JOB, replace(BASE, zero_stage=3))
+    assert zero3.dp_s > 10 * zero1.dp_s
+
+
+def test_async_tp_hides_forward_collectives():
+    assert step_time(JOB, replace(BASE, async_tp=True)).tp_exposed_s < (
+        step_time(JOB, BASE).tp_exposed_s
+    )
+
+
+def test_dualpipe_hides_the_moe_all_to_alls_that_1f1b_exposes():
+    plan = ParallelPlan(dp=128, tp=1, pp=16, zero_stage=1, ep=64)
+    plain = step_time(DEEPSEEK_V3, plan)
+    dual = step_time(DEEPSEEK_V3, replace(plan, schedule="dualpipe"))
+    assert plain.ep_exposed_s == pytest.approx(plain.ep_s) and dual.ep_exposed_s < plain.ep_s / 10
+
+
+def test_a_node_limit_cuts_the_expert_traffic():
+    plan = ParallelPlan(dp=128, tp=1, pp=16, zero_stage=1, ep=64)
+    unlimited = replace(DEEPSEEK_V3, node_limit=0)
+    assert step_time(DEEPSEEK_V3, plan).ep_s < step_time(unlimited, plan).ep_s
+
+
+def test_all_gather_cp_is_exposed_where_ring_cp_hides():
+    plan = ParallelPlan(dp=8, tp=8, pp=16, zero_stage=1, cp=16)
+    ring = step_time(replace(LLAMA3_405B, seq_len=131072), plan)
+    gather = step_time(replace(LLAMA3_405B, seq_len=131072), replace(plan, cp_kind="allgather"))
+    assert ring.cp_exposed_s < gather.cp_exposed_s == pytest.approx(gather.cp_s)
+
+
+def test_fp32_gradients_double_the_gradient_bytes():
+    fp32 = step_time(JOB, replace(BASE, fp32_grad_accum=True))
+    base = step_time(JOB, BASE)
+    assert base.dp_s < fp32.dp_s < 2 * base.dp_s  # the reduce-scatter doubles, the gather not
