@@ -51,9 +51,12 @@ RUN_ALL_TIMEOUT_S = 420
 
 
 # CI's representative subset (every lab takes ~1-2 min of Run All on 2 cores, all of them ~15):
-# 00 has every quiz kind; 01 the bandwidth chart; 03 subplot charts and the calculator widget;
-# 05 the rank-fed progress bar and many timelines. nbval still runs every lab in the same suite.
-CI_LABS = ("00", "01", "03", "05")
+# 00 has every quiz kind; 03 subplot charts and the calculator widget; 05 the rank-fed progress
+# bar and many timelines; 12 (overlap) timelines with communication beside compute and both graded
+# exercises; 13 (the accelerator runtime) rooflines, allocator segment charts and sync markers.
+# 01 left the set when 12 and 13 joined (DTLAB_BROWSER_LABS=01 runs it). nbval still runs every
+# lab in the same suite.
+CI_LABS = ("00", "03", "05", "12", "13")
 # 06's student notebook: its merge exercise feeds the next cell, which falls back to the library.
 CI_STUDENT_LABS = ("labs/06",)
 
