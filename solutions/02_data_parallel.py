@@ -620,8 +620,9 @@ ask("data_parallel.dp_crossover_tokens")
 # because DDP averages (`dtlab.parallel.data.loss_normalization`).
 #
 # Look for: the global count matching the single-process gradient to rounding at every length
-# ratio, the per-rank mean drifting further from it as the ratio grows, and the count costing a
-# few bytes next to the gradient's.
+# ratio, the per-rank mean exact only at equal lengths and off by far more than rounding at every
+# other ratio (how far depends on the tokens that got misweighted, so it need not grow with the
+# ratio), and the count costing a few bytes next to the gradient's.
 
 
 # %%

@@ -68,3 +68,17 @@ def test_document_aware_sharding_balances_what_zigzag_does_not():
     assert imbalance([64], 4, "zigzag") == 1.0  # one document: zig-zag was already balanced
     with pytest.raises(ValueError, match="pad each document"):
         positions_for([10, 6], 2, 0, "document")
+
+
+def test_which_plain_layout_is_worse_depends_on_where_the_boundaries_fall():
+    """Lab 06 says zig-zag is the worse plain layout for its documents on 2 or 4 ranks and
+    contiguous on 8; the direction is not a rule (the full-mode lengths once reversed it)."""
+    for docs in ([16, 48, 16, 16], [256, 768, 256, 256]):
+        for cp, worse, better in ((2, "zigzag", "contiguous"), (4, "zigzag", "contiguous")):
+            assert imbalance(docs, cp, worse) > imbalance(docs, cp, better)
+    assert imbalance([256, 768, 256, 256], 8, "contiguous") > imbalance(
+        [256, 768, 256, 256], 8, "zigzag"
+    )
+    assert imbalance([256, 1536, 128, 128], 2, "zigzag") < imbalance(
+        [256, 1536, 128, 128], 2, "contiguous"
+    )

@@ -51,3 +51,32 @@ def test_the_shortened_training_timeout_fires_before_a_silent_peer_wakes():
     assert first["applied"] and second["applied"]
     assert first["error"] is not None and "imed out" in first["error"], first
     assert first["caught"] < second["woke"]
+
+
+def _without_set_pg_timeout() -> dict:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from dtlab.runtime.torchrun import set_training_timeout
+
+    c10d = dist.distributed_c10d
+    kept = c10d._set_pg_timeout
+    del c10d._set_pg_timeout  # a torch without the private setter
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            applied = set_training_timeout(1.0)
+        total = torch.ones(1)
+        dist.all_reduce(total)  # the group still works, with its start-up timeout
+    finally:
+        c10d._set_pg_timeout = kept
+    return {"applied": applied, "warnings": [str(w.message) for w in caught], "sum": total.item()}
+
+
+def test_without_torchs_private_setter_the_start_up_timeout_stays_with_a_warning(cluster2):
+    for result in cluster2.run(_without_set_pg_timeout):
+        assert result["applied"] is False
+        assert any("_set_pg_timeout" in w for w in result["warnings"]), result["warnings"]
+        assert result["sum"] == 2.0

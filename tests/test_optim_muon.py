@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from dtlab.optim.muon import (
     muon_bytes_per_rank,
@@ -42,8 +43,13 @@ def _sharded(strategy: str) -> dict:
 
     comm = Communicator(collectives="dtlab")
     shards = [m.reshape(-1).chunk(comm.world_size)[comm.rank].clone() for m in _momenta()]
-    updates = sharded_muon_updates(shards, SHAPES, comm, strategy)
-    return {"updates": updates, "bytes": comm.comm_stats.bytes_sent}
+    with FlopCounterMode(display=False) as flops:  # torch counts every matmul this rank runs
+        updates = sharded_muon_updates(shards, SHAPES, comm, strategy)
+    return {
+        "updates": updates,
+        "bytes": comm.comm_stats.bytes_sent,
+        "flops": flops.get_total_flops(),
+    }
 
 
 @pytest.mark.parametrize("strategy", ["replicated", "owner"])
@@ -54,6 +60,14 @@ def test_each_rank_gets_its_slice_of_the_single_process_update_to_the_bit(cluste
         for got, want in zip(result["updates"], whole, strict=True):
             assert torch.equal(got, want[rank])
     assert [r["bytes"] for r in results] == muon_bytes_per_rank(SHAPES, 4, strategy, 8)
+
+
+@pytest.mark.parametrize("strategy", ["replicated", "owner"])
+def test_matmul_flops_counted_on_each_rank_equal_the_newton_schulz_formula(cluster4, strategy):
+    """Counted by torch's FlopCounterMode on each rank: Newton–Schulz on whole matrices (a shard
+    would count far fewer), every matrix on every rank when replicated, the owned ones only."""
+    counted = [r["flops"] for r in cluster4.run(_sharded, strategy)]
+    assert counted == muon_flops_per_rank(SHAPES, 4, strategy)
 
 
 def test_owners_move_fewer_bytes_and_split_the_flops():

@@ -68,11 +68,14 @@ def young_daly_interval_async(blocking_s: float, write_s: float, mtbf_s: float) 
 # a GPU). With ``n`` nodes each failing at rate ``1/M`` and each repair taking ``R`` on average,
 # the number of nodes out at once is Poisson with mean ``n·R/M`` (the steady state of an M/G/∞
 # queue: Little's law gives the mean, Palm's theorem the Poisson shape, whatever the distribution
-# of repair times). A **hot-spare pool** of ``k`` idle nodes lets the job restart at full size at
-# once as long as at most ``k`` are out: size ``k`` from the Poisson tail. **Elastic shrinking**
-# keeps no spares: the job drops the data-parallel replica that held the failed node and runs
-# narrower until the repair, losing ``g/n`` of its throughput per node out (``g`` nodes per
-# replica). :func:`spare_pool_size` and :func:`elastic_throughput` price the two.
+# of repair times). It treats failures as arriving at ``n/M`` whether or not nodes are out; since a
+# node that is out cannot fail, the exact mean is ``n·R/(M + R)`` — the same to first order in
+# ``R/M`` (0.3 % apart for a year's MTBF and a day's repair). A **hot-spare pool** of ``k`` idle
+# nodes lets the job restart at full size at once as long as at most ``k`` are out: size ``k``
+# from the Poisson tail. **Elastic shrinking** keeps no spares: the job drops the data-parallel
+# replica that held the failed node and runs narrower until the repair, losing ``g/n`` of its
+# throughput per node out (``g`` nodes per replica). :func:`spare_pool_size` and
+# :func:`elastic_throughput` price the two.
 
 
 def nodes_down_mean(n_nodes: int, node_mtbf_s: float, repair_s: float) -> float:

@@ -4,6 +4,9 @@ Each of ``n`` nodes fails after an exponential time with mean ``M``, stays out f
 repair time: drain, diagnose, swap, burn-in), then rejoins and can fail again. Sampling the fleet
 every ``sample_every_s`` gives the distribution of nodes out at once, which
 :func:`dtlab.cost.reliability.spare_pool_size` predicts as Poisson with mean ``n·R/M`` (M/G/∞).
+That is first order in ``R/M``: a node that is out cannot fail again, so here each node is out a
+share ``R/(M + R)`` of the time and the exact count is binomial with mean ``n·R/(M + R)`` — 0.3 %
+below the formula for a year's MTBF and a day's repair, far inside the tail a pool is sized for.
 This is a simulation, not a measurement of a cluster: lab 10 prints it as such, beside the
 formula, to show the tail that a spare pool must cover and what elastic shrinking loses instead.
 """

@@ -13,10 +13,15 @@ matrix's gradient and momentum. The momentum update is elementwise, so it runs o
 ``U Vᵀ`` is not — it needs the whole ``M``. Two ways (:data:`STRATEGIES`):
 
 ``"replicated"`` — every rank all-gathers every momentum matrix and orthogonalises all of them,
-    then keeps its slice of the result (the Distributed Muon of Liu et al. 2025, which gathers
-    each matrix over the data-parallel group and computes its full update on every rank). Bytes per rank: an all-gather of every matrix,
+    then keeps its slice of the result. Bytes per rank: an all-gather of every matrix,
     ``(N−1)/N · Σ|W| · b``; FLOPs per rank: all of Newton–Schulz, ``Σ F(W)`` — the same on every
-    rank, so ``N`` times the work is done in total.
+    rank, so ``N`` times the work is done in total. This is Liu et al.'s Distributed Muon (a "DP
+    gather" of the matrices a rank's partition touches, the full update computed, all but the
+    local part discarded) *when every matrix is split over all N ranks*, as here and in FSDP's
+    per-parameter sharding. Under Megatron's ZeRO-1 a rank's partition is one contiguous range of
+    a flat buffer, so it touches about ``1/N`` of the matrices (whole ones, plus the two it
+    straddles) and gathers and orthogonalises only those: the ranges act as owners, unbalanced
+    by where the boundaries fall.
 
 ``"owner"`` — each matrix gets one owner rank (largest Newton–Schulz cost first, to the rank with
     the least planned work so far); the other ranks send it their slices (a gather), it

@@ -91,8 +91,9 @@ def set_training_timeout(timeout_s: float, group: dist.ProcessGroup | None = Non
     first collective for minutes, so the group is joined with a long timeout; after that, a short
     one detects a hang in seconds (:mod:`dtlab.faults.timeouts`). Every rank of ``group`` passes
     one barrier under the long timeout, then the timeout is changed with torch's
-    ``distributed_c10d._set_pg_timeout`` (what torchtitan does; private, present in torch
-    2.11–2.14). Without it the long timeout stays, a warning says so, and this returns ``False``.
+    ``distributed_c10d._set_pg_timeout`` (what torchtitan does; private — in torch since 2.3,
+    checked in 2.13). Without it the long timeout stays, a warning says so, and this returns
+    ``False`` (held by ``tests/test_faults_timeouts.py``, which removes the setter).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive seconds, got {timeout_s!r}")
