@@ -192,3 +192,74 @@ def test_prefetch_depth_and_reshard_train_like_fsdp2_with_the_same_settings(
 
     for gap in cluster2.run(_trained_like_fsdp2_on_rank, depth, reshard):
         assert gap < FP32_STEP_TOLERANCE
+
+
+def _span(name, kind, start, end, **labels):
+    from dtlab.trace.recorder import Span
+
+    return Span(rank=0, name=name, kind=kind, start_ns=start, end_ns=end, labels=labels)
+
+
+def test_exposed_gather_counts_blocking_ring_steps_and_waits_but_not_the_background_stream():
+    from dtlab.parallel.zero.prefetch_spans import exposed_gather_ns, gathers_in
+
+    spans = [
+        _span("all_gather check (control)", "other", 0, 5, control=True),  # blocking: main thread
+        _span("all_gather.ring", "comm", 5, 15, comm_step=0),
+        _span("all_gather.ring", "comm", 15, 35, comm_step=1),
+        _span("unit[2].all_gather", "comm", 40, 90, async_op=True, stream="background"),
+        _span("all_gather.ring", "comm", 41, 89, comm_step=0, stream="background"),
+        _span("block.forward", "compute", 40, 80),
+        _span("wait:unit[2].all_gather", "idle", 80, 90),
+        _span("wait:unit[2].grad_rs", "idle", 100, 200),  # a gradient's wait: not a gather
+        _span("unit[3].all_gather", "comm", 200, 260),  # torch's path, blocking: all exposed
+    ]
+    assert exposed_gather_ns(spans) == 5 + 10 + 20 + 10 + 60
+    assert gathers_in(spans) == 3  # the blocking ring (its step 0), unit[2] and unit[3]
+
+
+def test_counted_path_prefetch_overlaps_and_depth_zero_exposes_its_ring_steps(cluster2):
+    units = 3
+    rows = measure_fsdp_prefetch(
+        cluster2, depths=(0, 1), reshard_after_forward=(True,), units=units, width=256,
+        batch=128, steps=4, warmup=1, collectives="dtlab",
+    )  # fmt: skip
+    ours = {r.depth: r for r in rows if r.implementation == "dtlab"}
+    # overlapped: a prefetched ring ran on the background stream while the rank computed a
+    # block (ordering of spans; blocks of a few ms outlast the worker's wake-up)
+    assert ours[1].overlapped is True and ours[0].overlapped is False
+    for row in ours.values():
+        # counted from the spans: at depth 0 no span carries a unit's name, only ring steps
+        assert row.all_gathers_per_step == all_gathers_per_step(units, True)
+        assert row.exposed_ms_per_unit > 0
+    assert all(r.overlapped is None for r in rows if r.implementation == "torch_fsdp2")
+
+
+def _counted_spans_on_rank(depth: int) -> None:
+    from dtlab import trace
+
+    model = _stack(3, 16)
+    fsdp = FullyShardedDataParallel(
+        model, units=list(model), prefetch=depth > 0, forward_prefetch=depth,
+        backward_prefetch=depth, collectives="dtlab",
+    )  # fmt: skip
+    with trace.labels(step=0):
+        fsdp(torch.randn(4, 16)).sum().backward()
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_counted_path_exposed_accounting_is_the_main_threads_gather_time(cluster2, depth):
+    from dtlab.parallel.zero.prefetch_spans import exposed_gather_ns
+
+    tr = cluster2.run(_counted_spans_on_rank, depth).trace.filter(step=0)
+    for rank in tr.ranks:
+        spans = tr.filter(rank=rank).spans
+        on_main = [s for s in spans if s.labels.get("stream") != "background"]
+        ring = [s for s in on_main if s.name.startswith("all_gather")]
+        waits = [s for s in on_main if s.name.startswith("wait:") and "all_gather" in s.name]
+        assert not any(s.name.startswith("unit[") for s in on_main if s.kind == "comm")
+        blocking_rings = sum(s.labels.get("comm_step") == 0 for s in ring if s.kind == "comm")
+        # depth 0: all 6 gathers (3 units, forward and backward) block on the main thread;
+        # depth 1: only the first forward unit's does, the other 5 are waited for
+        assert (blocking_rings, len(waits)) == ((6, 0) if depth == 0 else (1, 5))
+        assert exposed_gather_ns(spans) == sum(s.end_ns - s.start_ns for s in ring + waits) > 0

@@ -174,10 +174,12 @@ def test_async_tp_waits_for_each_chunk_after_the_gemm_it_hides_under(cluster2):
                 assert all(g.end_ns <= wait.start_ns for g in hiding)
 
 
-def test_measure_tp_backward_overlap_reports_both_sides_from_the_trace(cluster2):
+@pytest.mark.parametrize("collectives", ["torch", "dtlab"])
+def test_measure_tp_backward_overlap_reports_both_sides_from_the_trace(cluster2, collectives):
     m = measure_tp_backward_overlap(
-        cluster2, layers=2, batch=2, seq=16, d_model=32, d_ff=64, steps=2, warmup=1
-    )
+        cluster2, layers=2, batch=2, seq=16, d_model=32, d_ff=64, steps=2, warmup=1,
+        collectives=collectives,
+    )  # fmt: skip
     assert m.equal and m.world_size == 2 and m.mechanism == "tp_backward_overlap"
     for side in (m.off, m.on):
         assert side.comm_ms > 0 and side.compute_ms > 0
@@ -187,8 +189,11 @@ def test_measure_tp_backward_overlap_reports_both_sides_from_the_trace(cluster2)
     assert [r["technique_on"] for r in m.rows()] == [False, True]
 
 
-def test_measure_async_tp_reports_equal_outputs_and_chunk_gemms(cluster2):
-    m = measure_async_tp(cluster2, batch=2, seq=16, d_model=32, d_ff=64, steps=2, warmup=1)
+@pytest.mark.parametrize("collectives", ["torch", "dtlab"])
+def test_measure_async_tp_reports_equal_outputs_and_chunk_gemms(cluster2, collectives):
+    m = measure_async_tp(
+        cluster2, batch=2, seq=16, d_model=32, d_ff=64, steps=2, warmup=1, collectives=collectives
+    )
     assert m.equal and m.detail["max_abs_diff"] <= 1e-5
     assert m.off.exposed_ms == pytest.approx(
         m.off.comm_ms
@@ -207,11 +212,41 @@ def test_async_tp_overlaps_on_the_counted_path_too(cluster2):
         assert transfer.start_ns <= gemm.start_ns and gemm.end_ns <= wait.start_ns
 
 
-def test_measurements_refuse_the_counted_path_which_has_no_wait_to_read(cluster2):
-    with pytest.raises(ValueError, match="collectives='torch'"):
-        measure_tp_backward_overlap(cluster2, collectives="dtlab")
-    with pytest.raises(ValueError, match="collectives='torch'"):
-        measure_async_tp(cluster2, collectives="dtlab")
+def test_measurements_refuse_the_counted_path_only_on_nccl():
+    from types import SimpleNamespace
+
+    nccl = SimpleNamespace(backend="nccl")  # refused before anything runs
+    with pytest.raises(ValueError, match="inside its launch"):
+        measure_tp_backward_overlap(nccl, collectives="dtlab")
+    with pytest.raises(ValueError, match="inside its launch"):
+        measure_async_tp(nccl, collectives="dtlab")
+    with pytest.raises(ValueError, match="pass 'torch' or 'dtlab'"):
+        measure_async_tp(nccl, collectives="nccl")
+
+
+def test_counted_path_waits_after_wgrad_and_reads_blocking_rings_as_the_collective(cluster2):
+    from dtlab.parallel.tensor import overlap
+
+    out = cluster2.run(overlap._backward_overlap_rank, 2, 2, 16, 32, 64, False, 1, "dtlab")
+    named = overlap._with_blocking_named(out.trace, "dtlab")
+    name = "tp.input_grad_all_reduce"
+    for rank in out.trace.ranks:
+        for on in (False, True):
+            spans = _spans_of(out.trace, rank, technique_on=on, phase="backward")
+            wgrads = [s for s in spans if s.name == "tp.wgrad"]
+            launches = [s for s in spans if s.name == name and s.kind == "comm"]
+            waits = [s for s in spans if s.name == f"wait:{name}"]
+            assert len(wgrads) == len(launches) == len(waits) == 2  # one per layer
+            assert all(s.labels.get("stream") == "background" for s in launches)
+            for wgrad, wait in zip(wgrads, waits, strict=True):
+                assert wait.start_ns >= wgrad.end_ns if on else wait.end_ns <= wgrad.start_ns
+        # the row layer's blocking forward all-reduce: ring steps + check, on the main thread
+        forward = _spans_of(out.trace, rank, phase="forward")
+        rings = [s for s in forward if s.name.startswith("all_reduce")]
+        assert rings and all(s.labels.get("stream") != "background" for s in rings)
+        assert not [s for s in forward if s.name == "tp.all_reduce"]
+        read = [s for s in _spans_of(named, rank, phase="forward") if s.name == "tp.all_reduce"]
+        assert len(read) == len(rings) and all(s.kind == "comm" for s in read)
 
 
 def _gpt_grads_on_rank(sequence_parallel: bool) -> dict:

@@ -35,8 +35,11 @@ parallelism, the backward all-gather of ``dL/dY`` before the row-parallel layer'
 Spans (on the trace of ``cluster.run``): ``tp.dgrad`` and ``tp.wgrad`` (compute), the collective
 ``tp.input_grad_all_reduce`` / ``tp.input_grad_reduce_scatter`` / ``tp.regather_input`` (comm,
 launch to completion) and ``wait:<that name>`` (idle: the *exposed* part). On
-``collectives="dtlab"`` an asynchronous collective runs inside the launch
-(:class:`~dtlab.comm.OverlapRefused`): the gradients are the same, nothing overlaps.
+``collectives="dtlab"`` the same holds on gloo: the asynchronous collective is queued on the
+ranks' background stream (:mod:`dtlab.comm.background`), counted and overlapped, its ``comm`` span
+drawn from the worker's start (labelled ``stream="background"``). Only on NCCL does the counted
+path run it inside the launch (:class:`~dtlab.comm.OverlapRefused`, warned once): the gradients
+are the same, nothing overlaps.
 """
 
 from __future__ import annotations

@@ -14,15 +14,20 @@ over the measured steps of the mean over ranks and layers; the first ``warmup`` 
 On gloo the "transfer" is memory copies through the loopback and the ranks share the CPU cores
 with the compute they hide behind, so the hidden share here is a lower bound of a GPU's.
 
-Both measure on ``collectives="torch"`` and refuse ``"dtlab"``: the counted rings run an
-asynchronous collective inside its launch (:class:`~dtlab.comm.OverlapRefused`), so there is no
-wait to read, and the plain side's collectives would be drawn as ring steps. (Async TP's own
-point-to-point chunks overlap on either path; ``tests/test_overlap_tp.py`` shows it.)
+Both run on either collectives path. On ``collectives="dtlab"`` (every byte counted) an
+asynchronous collective runs on the ranks' background stream (:mod:`dtlab.comm.background`, gloo)
+and draws the same ``comm`` span and ``wait:…`` span as on torch's path (its ``comm`` span starts
+when the worker starts it, not at the launch); a *blocking* one draws no span under its own name,
+only its ring's steps and agreement check on the calling thread (``all_reduce.ring …``,
+``all_reduce check (control)``). Those are read as the collective ``tp.<op>`` (their intervals:
+the time the rank spent in the call, less the few microseconds of Python between steps), so both
+paths report the same fields. On NCCL the counted path runs an asynchronous collective inside its
+launch (:class:`~dtlab.comm.OverlapRefused`): there is no wait to read, and the measurement
+refuses it. (Async TP's point-to-point chunks overlap on either path.)
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 
 import torch
@@ -38,7 +43,13 @@ from dtlab.parallel.tensor.backward_overlap import (
     column_parallel_linear,
 )
 from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
-from dtlab.trace.analysis import length_of, overlap_of, union_of
+from dtlab.parallel.tensor.overlap_spans import (
+    _check_collectives,
+    _exposed_per_step,
+    _names,
+    _per_step,
+    _with_blocking_named,
+)
 
 
 @dataclass
@@ -74,45 +85,6 @@ class OverlapMeasurement:
             {"mechanism": self.mechanism, **asdict(side), "hidden_share": side.hidden_share}
             for side in (self.off, self.on)
         ]
-
-
-def _per_step(tr: trace.Trace, steps: list[int], per: int, *, kind: str, names, **labels):
-    """Median over ``steps`` of the mean over ranks of the summed duration, divided by ``per``."""
-    ranks = max(len(tr.ranks), 1)
-    values = []
-    for step in steps:
-        spans = tr.filter(kind=kind, name=names, step=step, **labels).spans
-        values.append(sum(s.end_ns - s.start_ns for s in spans) / 1e6 / ranks / per)
-    return statistics.median(values) if values else 0.0
-
-
-def _exposed_per_step(tr: trace.Trace, steps: list[int], per: int, *, names, **labels):
-    """Like :func:`_per_step` for the time of the ``names`` comm spans that no compute span of
-    the same rank covers: the launch and the wait, where the rank did nothing else."""
-    values = []
-    for step in steps:
-        chosen = tr.filter(step=step, **labels)
-        total = 0
-        for rank in chosen.ranks:
-            comm = union_of(chosen.filter(kind="comm", name=names, rank=rank).spans)
-            compute = union_of(chosen.filter(kind="compute", rank=rank).spans)
-            total += length_of(comm) - overlap_of(comm, compute)
-        values.append(total / 1e6 / max(len(tr.ranks), 1) / per)
-    return statistics.median(values) if values else 0.0
-
-
-def _names(prefix: str | tuple, tr: trace.Trace, kind: str) -> set[str]:
-    return {s.name for s in tr.filter(kind=kind).spans if s.name.startswith(prefix)}
-
-
-def _check_torch_path(collectives: str) -> None:
-    if collectives != "torch":
-        raise ValueError(
-            f"collectives={collectives!r}: overlap is measured on torch's collectives, which run "
-            "asynchronously and draw one span per collective; dtlab's counted rings run an "
-            "asynchronous collective inside its launch (OverlapRefused), so there would be no "
-            "wait to read. Pass collectives='torch' (count bytes with 'dtlab' elsewhere)"
-        )
 
 
 def _mlp_stack(comm: Communicator, layers: int, d_model: int, d_ff: int, sp: bool):
@@ -179,12 +151,12 @@ def measure_tp_backward_overlap(
     """
     if steps <= warmup:
         raise ValueError(f"steps={steps} leaves nothing after warmup={warmup}; raise steps")
-    _check_torch_path(collectives)
+    _check_collectives(cluster, collectives)
     out = cluster.run(
         _backward_overlap_rank,
         layers, batch, seq, d_model, d_ff, sequence_parallel, steps, collectives,
     )  # fmt: skip
-    tr, measured = out.trace, list(range(warmup, steps))
+    tr, measured = _with_blocking_named(out.trace, collectives), list(range(warmup, steps))
     targets = (*INPUT_GRAD_NAMES, REGATHER_NAME)
     waits = tuple(f"wait:{n}" for n in targets)
     hiding = ("tp.wgrad", "tp.dgrad") if sequence_parallel else ("tp.wgrad",)
@@ -262,9 +234,9 @@ def measure_async_tp(
     """
     if steps <= warmup:
         raise ValueError(f"steps={steps} leaves nothing after warmup={warmup}; raise steps")
-    _check_torch_path(collectives)
+    _check_collectives(cluster, collectives)
     out = cluster.run(_async_tp_rank, batch, seq, d_model, d_ff, steps, collectives)
-    tr, measured = out.trace, list(range(warmup, steps))
+    tr, measured = _with_blocking_named(out.trace, collectives), list(range(warmup, steps))
     plain_comm = ("tp.all_gather", "tp.reduce_scatter")
     chunk_comm = ("async_tp.all_gather", "async_tp.reduce_scatter")
     off = ExposedComm(

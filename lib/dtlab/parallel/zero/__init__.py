@@ -26,8 +26,11 @@ state over the N ranks of the dp group, one piece at a time: optimizer state (st
    unit just before forward and again before backward (with prefetch), reduce-scatter its
    gradients as soon as they exist: 1.5× DDP's bytes for 16Ψ/N bytes held.
     Its knobs: prefetch depth forward and backward, ``reshard_after_forward``.
+    Its hook ``gather_cast``: what a unit's all-gather sends and how every rank decodes it
+    (:mod:`~dtlab.parallel.zero.gather_cast`, e.g. :func:`fp8_e4m3_gather_cast`: E4M3 bytes).
 10. :mod:`~dtlab.parallel.zero.prefetch` — :func:`measure_fsdp_prefetch`: what those knobs cost
-    and hide, the exposed all-gather per unit and the peak gathered bytes, beside FSDP2's memory.
+    and hide, the exposed all-gather per unit and the peak gathered bytes, beside FSDP2's memory
+    (read off the trace on either collectives path: :mod:`~dtlab.parallel.zero.prefetch_spans`).
 11. :mod:`~dtlab.parallel.zero.full_state` — :func:`gather_full_parameters`: whole tensors (and
     the bytes held) back from shards, for saving, logging and tests.
 12. :mod:`~dtlab.parallel.zero.by_stage` — :func:`shard_by_zero_stage`: one model wrapped the way
@@ -50,6 +53,7 @@ from dtlab.parallel.zero.fsdp import FullyShardedDataParallel
 from dtlab.parallel.zero.fsdp_layout import default_units
 from dtlab.parallel.zero.fsdp_unit import FSDPUnit
 from dtlab.parallel.zero.full_state import gather_full_parameters
+from dtlab.parallel.zero.gather_cast import GatherCast, fp8_e4m3_gather_cast
 from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.parallel.zero.master_shards import MasterShardOptimizer
 from dtlab.parallel.zero.optimizer import ZeroOptimizer
@@ -67,6 +71,7 @@ __all__ = [
     "FSDPUnit",
     "FlatSegment",
     "FullyShardedDataParallel",
+    "GatherCast",
     "MasterShardOptimizer",
     "PrefetchSetting",
     "ZeroOptimizer",
@@ -75,6 +80,7 @@ __all__ = [
     "clip_sharded_grad_norm_",
     "default_units",
     "forward_peak_gathered_units",
+    "fp8_e4m3_gather_cast",
     "fsdp_prefetch_figures",
     "gather_full_parameters",
     "host_buffer",

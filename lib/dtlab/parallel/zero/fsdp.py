@@ -65,6 +65,7 @@ from dtlab.parallel.gradient_sync import broadcast_module_state
 from dtlab.parallel.zero.fsdp_layout import assign_units, cast_inputs, tensors_in
 from dtlab.parallel.zero.fsdp_lifecycle import FSDPLifecycle
 from dtlab.parallel.zero.fsdp_unit import FSDPUnit
+from dtlab.parallel.zero.gather_cast import GatherCast
 from dtlab.parallel.zero.grad_clip import clip_sharded_grad_norm_
 from dtlab.precision.mixed_precision import MixedPrecision
 
@@ -84,6 +85,12 @@ class FullyShardedDataParallel(nn.Module):
     from forward to backward (FSDP2's flag of the same name): no backward all-gather, all the
     gathered parameters held at the end of forward. What each costs:
     :func:`~dtlab.parallel.zero.prefetch.measure_fsdp_prefetch`.
+
+    ``gather_cast(shard, comm) -> (payload, decode)`` replaces the cast of each unit's shard to
+    the compute dtype before its all-gather: the gather moves ``payload`` and every rank writes
+    ``decode(gathered)`` into the unit's parameters (:mod:`~dtlab.parallel.zero.gather_cast`;
+    :func:`~dtlab.parallel.zero.gather_cast.fp8_e4m3_gather_cast` sends E4M3 bytes with one
+    agreed scale per unit). ``None`` (the default) is the plain cast.
     """
 
     def __init__(
@@ -99,6 +106,7 @@ class FullyShardedDataParallel(nn.Module):
         forward_prefetch: int = 1,
         backward_prefetch: int = 1,
         reshard_after_forward: bool = True,
+        gather_cast: GatherCast | None = None,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -115,8 +123,9 @@ class FullyShardedDataParallel(nn.Module):
         self.units: list[FSDPUnit] = []
         for module_k, sharded, replicated in assign_units(module, units, shard or _shard_all):
             unit = FSDPUnit(
-                len(self.units), module_k, sharded, replicated, policy_of(module_k), self.comm, rank
-            )
+                len(self.units), module_k, sharded, replicated, policy_of(module_k), self.comm,
+                rank, gather_cast,
+            )  # fmt: skip
             self.units.append(unit)
             _cast_frozen_state(module_k, [u.module for u in self.units], unit.compute_dtype)
             if module_k is not module:

@@ -33,6 +33,7 @@ from torch import nn
 
 from dtlab.comm import Communicator, PendingCollective, nbytes
 from dtlab.parallel.zero.flat_segment import FlatSegment
+from dtlab.parallel.zero.gather_cast import DecodedGather, GatherCast
 from dtlab.precision.mixed_precision import MixedPrecision, compute_dtype
 
 Slot = tuple[nn.Module, str]
@@ -50,8 +51,10 @@ class FSDPUnit:
         policy: MixedPrecision | None,
         comm: Communicator,
         rank: int,
+        gather_cast: GatherCast | None = None,
     ) -> None:
         self.index, self.module, self.policy, self.comm = index, module, policy, comm
+        self.gather_cast = gather_cast
         self.params = [p for p, _ in sharded]  # the original Parameters: views of ``flat`` in use
         self.slots = [slots for _, slots in sharded]
         self.seg = FlatSegment(self.params, rank, comm.world_size)
@@ -110,8 +113,10 @@ class FSDPUnit:
         """Drop the gathered parameters: the buffer's storage shrinks to zero bytes."""
         self.flat.untyped_storage().resize_(0)
 
-    def launch_gather(self, async_op: bool) -> PendingCollective | None:
-        """All-gather every rank's shard (cast to the compute dtype) into ``flat``."""
+    def launch_gather(self, async_op: bool) -> PendingCollective | DecodedGather | None:
+        """All-gather every rank's shard (cast to the compute dtype) into ``flat``; with a
+        ``gather_cast`` (:mod:`~dtlab.parallel.zero.gather_cast`), its payload instead, decoded
+        into ``flat`` when waited for (at once when ``async_op`` is False)."""
         self.flat.untyped_storage().resize_(self.seg.padded_numel * self.flat.element_size())
         with torch.no_grad():  # refresh a replica's compute copy only after the optimizer ran:
             # copying again in backward would bump the version autograd saved for it
@@ -123,10 +128,28 @@ class FSDPUnit:
                     self._copied_version[i] = master._version
         if not self.params:
             return None
-        send = self.shard.detach().to(self.compute_dtype)
-        return self.comm.all_gather(
-            self.flat, send, name=f"unit[{self.index}].all_gather", async_op=async_op
-        )
+        name = f"unit[{self.index}].all_gather"
+        if self.gather_cast is None:
+            send = self.shard.detach().to(self.compute_dtype)
+            return self.comm.all_gather(self.flat, send, name=name, async_op=async_op)
+        payload, decode = self.gather_cast(self.shard.detach(), self.comm)
+        if payload.dim() != 1 or payload.numel() != self.shard.numel():
+            raise ValueError(
+                f"gather_cast returned a payload of shape {tuple(payload.shape)} for a shard of "
+                f"{self.shard.numel()} elements; return a 1-D tensor with one element per shard "
+                "element (view float8 as uint8 for gloo)"
+            )
+        wire = payload.new_empty(self.seg.padded_numel)
+        handle = self.comm.all_gather(wire, payload, name=name, async_op=async_op)
+
+        def finish() -> None:  # ``.data``: no version bump on the Parameters viewing ``flat``
+            self.flat.data.copy_(decode(wire).to(self.compute_dtype))
+
+        gather = DecodedGather(handle, finish)
+        if not async_op:
+            gather.wait()
+            return None
+        return gather
 
     # -- gradients ----------------------------------------------------------------------------
     @torch.no_grad()

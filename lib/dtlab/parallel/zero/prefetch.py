@@ -24,10 +24,15 @@ turns the implicit backward prefetch off.
 holds no parameters) under dtlab's FSDP for each (depth, reshard) setting, and FSDP2 with the
 same settings beside it, interleaved step by step on the same ranks. Per setting:
 
-* ``exposed_ms_per_unit`` — dtlab: the time a rank sat waiting for an all-gather (the
-  ``wait:unit[k].all_gather`` idle span of a prefetched gather, the whole span of one gathered on
-  demand), per unit and step, median over steps of the mean over ranks;
+* ``exposed_ms_per_unit`` — dtlab: the time a rank's main thread spent getting parameters (the
+  ``wait:unit[k].all_gather`` idle span of a prefetched gather; all of a gather run on demand:
+  torch's blocking span, or on ``collectives="dtlab"`` its ring steps and agreement check), per
+  unit and step, median over steps of the mean over ranks
+  (:func:`~dtlab.parallel.zero.prefetch_spans.exposed_gather_ns` says which span is which);
 * ``all_gathers_per_step`` — counted from the spans (``2·units``, or ``units`` without reshard);
+* ``overlapped`` — dtlab: whether part of a prefetched gather ran while the same rank computed
+  (the intervals of its spans intersect, on every rank): ``False`` at depth 0, and on NCCL's
+  counted path, which runs a prefetch inside its launch (its ring steps then count as exposed);
 * ``peak_gathered_forward_bytes`` / ``peak_gathered_backward_bytes`` — dtlab: the largest sum of
   gathered buffers during forward / backward, counted from their storages
   (:attr:`~dtlab.parallel.zero.fsdp_lifecycle.FSDPLifecycle.peak_gathered_bytes`); equal to
@@ -36,8 +41,10 @@ same settings beside it, interleaved step by step on the same ranks. Per setting
   (CPU: the profiler's allocation events; GPU: the allocator), :func:`dtlab.memory.peak_bytes_of`.
 
 FSDP2's exposed all-gather is not reported: its waits happen inside torch (no dtlab span), so
-only its memory is set beside ours. Gloo moves the gathers on its own threads while the rank
-computes, but the ranks share this machine's cores, so hiding is partial here.
+only its memory is set beside ours. Both collectives paths overlap: ``collectives="torch"`` on
+gloo's own threads, ``collectives="dtlab"`` (every byte counted) on the ranks' background stream
+(:mod:`dtlab.comm.background`, gloo only). The ranks share this machine's cores with the compute
+they hide behind, so hiding is partial here.
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ import torch
 import torch.nn as nn
 
 from dtlab import trace
+from dtlab.parallel.zero.prefetch_spans import (
+    exposed_gather_ns,
+    gathers_in,
+    gathers_overlapped_compute,
+)
 
 
 def forward_peak_gathered_units(depth: int, units: int, reshard_after_forward: bool) -> int:
@@ -128,6 +140,7 @@ class PrefetchSetting:
     peak_gathered_backward_bytes: int | None
     peak_step_bytes: int
     unit_gathered_bytes: int
+    overlapped: bool | None = None  # an async gather ran under compute (None for FSDP2)
 
 
 def _fsdp2(model: nn.Module, depth: int, reshard: bool):
@@ -191,13 +204,7 @@ def _prefetch_rank(units, width, batch, depths, reshards, steps, collectives):
 def _exposed(tr: trace.Trace, measured: list[int], units: int, **labels) -> float:
     values = []
     for step in measured:
-        chosen = tr.filter(step=step, impl="dtlab", **labels)
-        waited = sum(
-            s.end_ns - s.start_ns
-            for s in chosen.spans
-            if (s.kind == "idle" and s.name.startswith("wait:unit["))
-            or (s.kind == "comm" and s.name.endswith(".all_gather") and "async_op" not in s.labels)
-        )
+        waited = exposed_gather_ns(tr.filter(step=step, impl="dtlab", **labels).spans)
         values.append(waited / 1e6 / max(len(tr.ranks), 1) / units)
     return statistics.median(values)
 
@@ -218,12 +225,8 @@ def measure_fsdp_prefetch(
     one interleaved run (see the module docstring for what each field measures)."""
     if steps <= warmup:
         raise ValueError(f"steps={steps} leaves nothing after warmup={warmup}; raise steps")
-    if collectives != "torch":
-        raise ValueError(
-            f"collectives={collectives!r}: the exposed all-gather is read from the wait of an "
-            "asynchronous gather, and collectives='dtlab' runs a prefetch inside its launch "
-            "(OverlapRefused: nothing to wait for); pass collectives='torch'"
-        )
+    if collectives not in ("torch", "dtlab"):
+        raise ValueError(f"collectives={collectives!r}: pass 'torch' or 'dtlab'")
     out = cluster.run(
         _prefetch_rank, units, width, batch, tuple(depths), tuple(reshard_after_forward),
         steps, collectives,
@@ -235,9 +238,11 @@ def measure_fsdp_prefetch(
             for impl in ("dtlab", "torch_fsdp2"):
                 key = (impl, depth, reshard)
                 ours = impl == "dtlab"
-                gathers = tr.filter(
-                    kind="comm", step=measured[0], impl=impl, depth=depth, reshard=reshard
-                ).spans
+                chosen = tr.filter(impl=impl, depth=depth, reshard=reshard)
+                first = chosen.filter(step=measured[0]).spans
+                hidden = gathers_overlapped_compute(
+                    [s for s in chosen.spans if s.labels.get("step") in measured]
+                )
                 rows.append(
                     PrefetchSetting(
                         impl,
@@ -246,13 +251,12 @@ def measure_fsdp_prefetch(
                         _exposed(tr, measured, units, depth=depth, reshard=reshard)
                         if ours
                         else None,
-                        sum(s.name.endswith(".all_gather") for s in gathers) // len(tr.ranks)
-                        if ours
-                        else None,
+                        gathers_in(first) // len(tr.ranks) if ours else None,
                         max(r["peaks"][key, "forward"] for r in out) if ours else None,
                         max(r["peaks"][key, "backward"] for r in out) if ours else None,
                         max(r["step_peak"][key] for r in out),
                         out[0]["unit_bytes"],
+                        hidden if ours else None,
                     )  # fmt: skip
                 )
     return rows
