@@ -11,9 +11,14 @@ from dtlab.models.moe_experts import grouped_mm_available
 
 
 def test_moe_bench_reports_both_ratios_and_the_counted_exchange_bytes(cluster2):
-    result = moe.run(cluster2, tokens=64, dim=16, experts=4, steps=1, repeats=1)
+    result = moe.run(cluster2, tokens=64, dim=16, experts=4, steps=2, repeats=2)
     assert result.world_size == 2
     assert result.a2a_dtlab_vs_torch.median > 0
+    # the goal's ratio: the checked exchange over all_to_all_single ÷ bare all_to_all_single
+    assert len(result.checked_per_repeat) == len(result.counted_per_repeat) == 2
+    spread = result.checked_vs_plain
+    assert spread.low == min(result.checked_per_repeat) > 0
+    assert spread.high == max(result.checked_per_repeat) and result.checked_best_ratio > 0
     assert set(result.step_s) >= {"a2a_dtlab", "a2a_torch", "a2a_torch_plain", "a2a_generic"}
     assert "experts_loop" in result.step_s
     assert result.a2a_dtlab_vs_torch_plain.median > 0 and result.a2a_generic_vs_torch_plain.low > 0

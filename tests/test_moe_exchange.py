@@ -56,32 +56,39 @@ def test_dispatch_and_combine_equal_all_to_all_single_and_count_the_formula(worl
         assert torch.equal(a["arrived"], b["arrived"]) and a["received"] == b["received"]
         want = dispatch_bytes_from_counts(kept, rank, D, 8)
         assert a["count_bytes"] == want.counts == (ep - 1) * (COUNT_HEADER_WORDS + E // ep) * 8
+        assert b["count_bytes"] == want.counts  # one all_to_all_single of the headed counts
         assert a["sent"] == want.forward == b["sent"]  # counted == formula == torch's record
 
 
-def _one_agreement_then_one_message_per_peer() -> dict:
+def _one_agreement_then_one_message_per_peer(via: str) -> dict:
     from dtlab import trace
     from dtlab.comm import Communicator
     from dtlab.parallel.expert import TokenExchange
 
     counts, rows = _routed(dist.get_rank())
-    exchange = TokenExchange(Communicator(None, collectives="dtlab", dim="ep"))
+    exchange = TokenExchange(Communicator(None, collectives=via, dim="ep"))
     for step in range(3):
         with trace.labels(step=step):
+            calls = exchange.comm.comm_stats.calls
             with C.counting() as moved:
                 splits = exchange.exchange_counts(counts, D, rows.dtype)
+            calls = exchange.comm.comm_stats.calls - calls
             exchange.exchange_rows(rows, splits.send, splits.recv, "dispatch")
-    return {"count_messages": moved.messages_sent}
+    return {"count_messages": moved.messages_sent, "count_calls": calls}
 
 
-def test_the_count_message_is_the_only_check_after_the_first_call(cluster2):
-    out = cluster2.run(_one_agreement_then_one_message_per_peer)
+@pytest.mark.parametrize("via", ["dtlab", "torch"])
+def test_the_count_message_is_the_only_check_after_the_first_call(cluster2, via):
+    out = cluster2.run(_one_agreement_then_one_message_per_peer, via)
     spans = out.trace.spans
     checks = [s for s in spans if s.labels.get("control")]
     # the expert count is agreed once (first call); every later call checks its header only
     assert {s.labels["step"] for s in checks} == {0}
     assert all("experts check" in s.name for s in checks)
-    assert all(r["count_messages"] == 1 for r in out)  # one count message to the one peer
+    if via == "dtlab":  # one count message to the one peer, counted from the messages
+        assert all(r["count_messages"] == 1 and r["count_calls"] == 2 for r in out)  # send+recv
+    else:  # one all_to_all_single, and no message of dtlab's own
+        assert all(r["count_messages"] == 0 and r["count_calls"] == 1 for r in out)
     counts = [s for s in spans if s.name == "moe_count_exchange"]
     dispatch = [s for s in spans if s.name == "moe_dispatch" and s.kind == "comm"]
     assert len(counts) == len(dispatch) == 2 * 3
@@ -91,13 +98,13 @@ def test_the_count_message_is_the_only_check_after_the_first_call(cluster2):
         assert all(a.end_ns <= b.start_ns for a, b in zip(c, d, strict=True))
 
 
-def _mismatch(what: str) -> str:
+def _mismatch(what: str, via: str) -> str:
     from dtlab.comm import Communicator
     from dtlab.parallel.expert import TokenExchange
 
     rank = dist.get_rank()
     counts, rows = _routed(rank)
-    exchange = TokenExchange(Communicator(None, collectives="dtlab", dim="ep"))
+    exchange = TokenExchange(Communicator(None, collectives=via, dim="ep"))
     width, dtype = D, rows.dtype
     if what == "width" and rank == 1:
         width = D + 2
@@ -125,8 +132,10 @@ def _mismatch(what: str) -> str:
         ("ahead", ["call number: rank 0: 1, rank 1: 2"]),
     ],
 )
-def test_a_mismatched_call_raises_on_every_rank_naming_each_ranks_value(cluster2, what, named):
-    for message in cluster2.run(_mismatch, what):
+@pytest.mark.parametrize("via", ["dtlab", "torch"])
+def test_a_mismatched_call_raises_on_every_rank_naming_each_ranks_value(cluster2, what, named, via):
+    # over "torch" the check rides the one all_to_all_single of the counts: no extra call
+    for message in cluster2.run(_mismatch, what, via):
         for text in named:
             assert text in message, message
 

@@ -7,17 +7,19 @@ Every rank routes ``--tokens`` random tokens (width ``--dim``, fp32) to ``--top-
 ``--experts`` experts with a random router (uneven splits, as in training). Round r runs, in
 rotated order (:func:`dtlab.bench.run_interleaved`):
 
-* ``a2a_dtlab`` — the expert-parallel exchange the MoE layer uses
-  (:class:`dtlab.parallel.expert.TokenExchange`): the count message that is also the call's
-  agreement, then the dispatch and the combine, each posted in one call into buffers kept
-  across steps, over ``Communicator(collectives="dtlab")`` — every byte counted;
-* ``a2a_torch`` — the very same exchange (same header-carrying count message, same splits,
-  same kept buffers) over ``Communicator(collectives="torch")``, whose calls are
-  ``torch.distributed.all_to_all_single`` (gloo's or NCCL's): the goal is ``a2a_dtlab ÷
-  a2a_torch ≤ 1.10``;
-* ``a2a_torch_plain`` — what one writes with torch alone: ``all_to_all_single`` of the bare
-  counts, then of the rows into fresh tensors (:func:`dtlab.parallel.expert.dispatch_splits`,
-  :func:`dtlab.comm.all_to_all_rows` over the torch communicator);
+* ``a2a_torch`` — the expert-parallel exchange of the MoE layer
+  (:class:`dtlab.parallel.expert.TokenExchange`) over ``Communicator(collectives="torch")``:
+  **one** ``all_to_all_single`` of the counts behind a 4-word header every rank checks (the
+  count exchange *is* the call's agreement), then **one** ``all_to_all_single`` each for the
+  dispatch and the combine, into receive buffers kept across steps;
+* ``a2a_torch_plain`` — what one writes with torch alone, unchecked: ``all_to_all_single`` of
+  the bare counts, then of the rows into fresh tensors
+  (:func:`dtlab.parallel.expert.dispatch_splits`, :func:`dtlab.comm.all_to_all_rows` over the
+  torch communicator). The goal: ``a2a_torch ÷ a2a_torch_plain ≤ 1.10`` — the agreement and the
+  exchange's bookkeeping cost at most a tenth of the bare exchange;
+* ``a2a_dtlab`` — the same exchange as ``a2a_torch`` over
+  ``Communicator(collectives="dtlab")``: every message posted per peer (``isend``/``irecv``)
+  and every byte counted from them — what the accounting and the labs run;
 * ``a2a_generic`` — those same calls over dtlab's generic all-to-all
   (:func:`dtlab.collectives.all_to_all`: a control all-gather that checks each call, then
   ``ep−1`` pairwise steps), the dispatcher before the exchange above;
@@ -33,7 +35,10 @@ rotated order (:func:`dtlab.bench.run_interleaved`):
   or rows not 16 bytes apart, as at ``--dim 30`` in fp32 — only the loop runs, and the report
   says why).
 
-Reported from this one run: ``a2a_dtlab ÷ a2a_torch``, ``a2a_dtlab ÷ a2a_torch_plain``,
+Reported from this one run: ``a2a_torch ÷ a2a_torch_plain`` and ``a2a_dtlab ÷ a2a_torch``, each
+from a run of its own two variants after the run of all (:data:`PAIRS`), with each repeat's
+median of paired per-round ratios (for a loaded host); from the run of all, ``a2a_dtlab ÷
+a2a_torch_plain``,
 ``a2a_generic ÷ a2a_torch_plain``, ``dispatch_dedup ÷ dispatch_plain`` and ``÷ dispatch_torch``,
 and ``experts_grouped ÷ experts_loop`` (median over repeats of
 per-round ratios, min–max, and best ÷ best), and the exchange bytes per rank counted on the
@@ -47,10 +52,23 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from dtlab.bench import Spread, best_ratios_to, ratios_to, run_on_ranks, slowest_rank
+from dtlab.bench import (
+    Spread,
+    best_ratios_to,
+    per_repeat,
+    ratios_to,
+    run_on_ranks,
+    slowest_rank,
+)
 from dtlab.cost.moe import dedup_dispatch_bytes, dispatch_bytes_from_counts
 
 WARMUP_ROUNDS = 1
+# The two exchange ratios, each timed again in a run of its own two variants: rotating two
+# variants alternates which goes first, so each follows the other as often as itself. In the
+# run of every variant each always follows the same neighbour, and the neighbour shows: moving
+# a2a_torch from after a2a_dtlab to right after the experts' compute moved its ratio to
+# a2a_torch_plain from 1.18× to 1.44× (EP 4 on the 2-core host, the same code).
+PAIRS = {"checked": ("a2a_torch", "a2a_torch_plain"), "counted": ("a2a_dtlab", "a2a_torch")}
 
 
 def _measure_on_rank(
@@ -125,12 +143,14 @@ def _measure_on_rank(
             with trace.labels(variant=name, round=i):
                 fn()
 
+        step.__wrapped__ = fn
         return step
 
     variants = {
-        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(exchanges["dtlab"])),
+        # the goal's pair first and side by side: neither always follows the posted messages
         "a2a_torch": labelled("a2a_torch", lambda: exchange(exchanges["torch"])),
         "a2a_torch_plain": labelled("a2a_torch_plain", lambda: plain(communicators["torch"])),
+        "a2a_dtlab": labelled("a2a_dtlab", lambda: exchange(exchanges["dtlab"])),
         "a2a_generic": labelled("a2a_generic", lambda: plain(generic)),
         "dispatch_plain": labelled("dispatch_plain", lambda: dispatch_only(alone["dtlab"])),
         "dispatch_torch": labelled("dispatch_torch", lambda: dispatch_only(alone["torch"])),
@@ -143,9 +163,19 @@ def _measure_on_rank(
     communicators["dtlab"].comm_stats.reset()
     seconds = run_interleaved(variants, steps * repeats, WARMUP_ROUNDS)
     calls = WARMUP_ROUNDS + steps * repeats
+    counted_bytes = communicators["dtlab"].comm_stats.bytes_sent // calls
+    paired = {
+        pair: run_interleaved(
+            {k: labelled(f"{k} ({pair})", variants[k].__wrapped__) for k in PAIRS[pair]},
+            steps * repeats,
+            WARMUP_ROUNDS,
+        )
+        for pair in PAIRS
+    }
     return {
         "seconds": seconds,
-        "dtlab_bytes_per_exchange": communicators["dtlab"].comm_stats.bytes_sent // calls,
+        "paired": paired,
+        "dtlab_bytes_per_exchange": counted_bytes,
         "tokens_per_expert": counts.tolist(),
         "routed": routing.expert_index.tolist(),
         "dedup_bytes": dedup_bytes[-1],
@@ -155,13 +185,18 @@ def _measure_on_rank(
 
 @dataclass
 class MoEBenchResult:
-    """One run's ratios: dtlab's exchange ÷ torch's, grouped GEMM ÷ the loop."""
+    """One run's ratios: the checked exchange ÷ bare all_to_all_single, counted ÷ torch's,
+    grouped GEMM ÷ the loop."""
 
     world_size: int
     tokens: int
     step_s: dict[str, float]
+    checked_vs_plain: Spread  # the goal: a2a_torch ÷ a2a_torch_plain (≤ 1.10)
+    checked_per_repeat: list[float]  # each repeat's median of the paired per-round ratios
+    checked_best_ratio: float  # fastest a2a_torch ÷ fastest a2a_torch_plain
     a2a_dtlab_vs_torch: Spread  # the same exchange: dtlab's messages ÷ all_to_all_single
     a2a_best_ratio: float
+    counted_per_repeat: list[float]  # a2a_dtlab ÷ a2a_torch, each repeat's paired median
     a2a_dtlab_vs_torch_plain: Spread  # ÷ bare all_to_all_single calls into fresh tensors
     a2a_generic_vs_torch_plain: Spread  # the generic checked all-to-all (before the exchange)
     grouped_vs_loop: Spread | None
@@ -206,8 +241,9 @@ def run(
         )  # fmt: skip
     )
     seconds = slowest_rank([r["seconds"] for r in out])
-    a2a = {k: seconds[k] for k in ("a2a_dtlab", "a2a_torch")}
+    a2a = slowest_rank([r["paired"]["counted"] for r in out])
     plain = {k: seconds[k] for k in ("a2a_dtlab", "a2a_generic", "a2a_torch_plain")}
+    checked = slowest_rank([r["paired"]["checked"] for r in out])
     vs_plain = ratios_to(plain, "a2a_torch_plain", repeats)
     dispatch = {k: seconds[k] for k in ("dispatch_plain", "dispatch_torch", "dispatch_dedup")}
     routed = [[[e for e in token if e >= 0] for token in r["routed"]] for r in out]
@@ -217,8 +253,12 @@ def run(
         world_size=len(out),
         tokens=tokens,
         step_s={v: statistics.median(s) for v, s in seconds.items()},
+        checked_vs_plain=ratios_to(checked, "a2a_torch_plain", repeats)["a2a_torch"],
+        checked_per_repeat=_paired(checked["a2a_torch"], checked["a2a_torch_plain"], repeats),
+        checked_best_ratio=best_ratios_to(checked, "a2a_torch_plain")["a2a_torch"],
         a2a_dtlab_vs_torch=ratios_to(a2a, "a2a_torch", repeats)["a2a_dtlab"],
         a2a_best_ratio=best_ratios_to(a2a, "a2a_torch")["a2a_dtlab"],
+        counted_per_repeat=_paired(a2a["a2a_dtlab"], a2a["a2a_torch"], repeats),
         a2a_dtlab_vs_torch_plain=vs_plain["a2a_dtlab"],
         a2a_generic_vs_torch_plain=vs_plain["a2a_generic"],
         grouped_vs_loop=ratios_to(compute, "experts_loop", repeats)["experts_grouped"]
@@ -238,6 +278,12 @@ def run(
         link_bytes=dedup_dispatch_bytes(routed, experts, ranks_per_node, dim),
         grouped_refusal=out[0]["grouped_refusal"],
     )
+
+
+def _paired(ours: list[float], base: list[float], repeats: int) -> list[float]:
+    """Each repeat's median of ``ours[i] ÷ base[i]``, rounds ``i`` run seconds apart."""
+    paired = [t / b for t, b in zip(ours, base, strict=True)]
+    return [statistics.median(run) for run in per_repeat(paired, repeats)]
 
 
 def _ratio(spread: Spread | None, best: float | None, why: str | None = None) -> str:
@@ -272,8 +318,15 @@ def main(argv: list[str]) -> int:
     for name, s in result.step_s.items():
         print(f"  {name:>16}: median step {s * 1e3:.2f} ms")
     print(
-        "  counts+dispatch+combine, the same exchange over dtlab's messages ÷ over "
-        f"all_to_all_single: {_ratio(result.a2a_dtlab_vs_torch, result.a2a_best_ratio)}"
+        "  counts+dispatch+combine, the checked exchange (header-carrying counts, kept buffers) "
+        f"÷ bare all_to_all_single calls: "
+        f"{_ratio(result.checked_vs_plain, result.checked_best_ratio)}; per repeat "
+        + ", ".join(f"{r:.2f}" for r in result.checked_per_repeat)
+    )
+    print(
+        "  the same exchange over dtlab's counted per-peer messages ÷ over all_to_all_single: "
+        f"{_ratio(result.a2a_dtlab_vs_torch, result.a2a_best_ratio)}; per repeat "
+        + ", ".join(f"{r:.2f}" for r in result.counted_per_repeat)
     )
     for name, spread in (
         ("dtlab's exchange", result.a2a_dtlab_vs_torch_plain),

@@ -8,8 +8,9 @@
    checks (:meth:`~dtlab.parallel.expert.exchange.TokenExchange.exchange_counts`: the count
    exchange *is* the call's agreement): ``(ep−1)·(H + E/ep)`` int64 values sent per rank.
 2. **dispatch** — the sorted token rows, ``send_splits[j]`` = rows for rank ``j``'s experts,
-   ``recv_splits[s]`` = rows rank ``s`` sends here (from step 1), every message posted at once
-   into a receive buffer kept across steps. Bytes sent: the rows for other ranks' experts,
+   ``recv_splits[s]`` = rows rank ``s`` sends here (from step 1), in one call — one
+   ``all_to_all_single`` over torch's collectives, every message posted at once over dtlab's
+   counted ones — into a receive buffer kept across steps. Bytes sent: the rows for other ranks' experts,
    ``· d · e``.
 3. **experts** — the received rows arrive grouped by source rank; a stable sort by local expert
    regroups them for one grouped GEMM (or the loop), and the inverse permutation undoes it.

@@ -15,17 +15,26 @@ This is the hop between the MoE dispatcher (:mod:`.dispatch`) and the wire
    (:func:`dtlab.cost.moe.dispatch_bytes_from_counts`). The receive buffer must be as long as
    the message, so the expert count alone is agreed once, on the first call, by a control
    all-gather (a gloo receive shorter than its message aborts the process).
-2. **dispatch** and **combine** (:meth:`TokenExchange.exchange_rows`) — every row message of
-   the payload is posted at once and waited once (one call, not ``ep−1`` pairwise steps),
-   landing in a receive buffer kept per (purpose, micro-batch) and grown when a step needs more
-   rows. Reusing it is what makes the exchange as fast as ``all_to_all_single`` on gloo: a
-   fresh receive tensor per step costs its allocation and its release inside the exchange.
+2. **dispatch** and **combine** (:meth:`TokenExchange.exchange_rows`) — the payload moves in
+   one call (not ``ep−1`` pairwise steps), landing in a receive buffer kept per (purpose,
+   micro-batch) and grown when a step needs more rows: a fresh receive tensor per step would
+   cost its allocation and its release inside the exchange.
 
-Transport: over ``collectives="dtlab"`` the messages are posted with
-:meth:`~dtlab.comm.Communicator.start_exchange` (``isend``/``irecv``, each byte counted from the
-messages, and asynchronous on gloo, so :meth:`TokenExchange.start_rows` can hide a payload behind
-compute); over ``collectives="torch"`` the blocking calls are ``all_to_all_single`` (gloo's or
-NCCL's ``alltoallv``) with the same message, the same splits and the same buffers.
+Transport, one of two (the :class:`~dtlab.comm.Communicator`'s ``collectives=``):
+
+``"torch"``
+    each of the three is **one** ``all_to_all_single``: the counts with their headers, one row
+    of the ``(ep, H + E/ep)`` message to each rank (even splits: gloo's ``alltoall``), then the
+    rows with the splits from the counts (``alltoallv``). The same calls one writes with torch alone, plus a
+    4-word header per peer and a comparison of ``ep`` headers: ``dtlab bench moe`` times it
+    against the bare, unchecked calls into fresh tensors (goal ≤ 1.10×). Bytes are recorded
+    from the splits (``comm_stats.counted`` is ``False``; an all-to-all's bytes are its splits).
+``"dtlab"``
+    every message is posted per peer with :meth:`~dtlab.comm.Communicator.start_exchange`
+    (``isend``/``irecv``, each byte counted from the messages, and asynchronous on gloo, so
+    :meth:`TokenExchange.start_rows` can hide a payload behind compute). Counting per message
+    has a price: ``2(ep−1)`` posted messages per exchange where ``all_to_all_single`` is one
+    call, slower on gloo (``dtlab bench moe`` prints the ratio); accounting and the labs use it.
 
 Buffer lifetime, the rule a reader of the returned rows must know: a forward result is a view of
 the buffer of its purpose and micro-batch (``trace.labels(micro_batch=...)``; 0 outside one) and
@@ -106,7 +115,7 @@ class TokenExchange:
         got = self._buffer("count_recv", (ep, h + per), torch.int64, tokens_per_expert.device)
         self.calls += 1
         with trace.span(f"{self.name}_count_exchange", kind="comm"):
-            self._move(message, got, [1] * ep, [1] * ep, "counts")
+            self._move(message, got, None, None, "counts")  # one row to each rank
             table = got.tolist()  # the host waits here for every rank's counts
         self._check_headers([tuple(row[:h]) for row in table])
         received = got[:, h:].clone()
@@ -183,11 +192,14 @@ class TokenExchange:
             self._buffers[key] = held
         return held[:numel].view(shape)
 
-    def _move(self, rows, out, send: list[int], recv: list[int], purpose: str) -> None:
+    def _move(self, rows, out, send: list[int] | None, recv: list[int] | None, purpose: str):
+        """One blocking exchange; ``None`` splits: one equal share per rank (gloo's ``alltoall``
+        rather than ``alltoallv`` on the torch path)."""
         if self.comm.via == "torch":  # all_to_all_single, blocking
             self.comm.all_to_all(out, rows.contiguous(), recv, send, f"{self.name}_{purpose}")
             return
-        self._post(rows.contiguous(), out, send, recv, purpose).wait()
+        even = [len(rows) // self.comm.world_size] * self.comm.world_size
+        self._post(rows.contiguous(), out, send or even, recv or even, purpose).wait()
 
     def _post(self, rows, out, send: list[int], recv: list[int], purpose: str):
         """Post every row message at once (:meth:`~dtlab.comm.Communicator.start_exchange`:
