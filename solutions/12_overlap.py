@@ -47,6 +47,8 @@ from dtlab.parallel.pipeline import (
     simulate,
     torch_schedule,
     torch_validate,
+    validate,
+    with_communication,
     zb_h1,
     zbv,
     zero_bubble_idle,
@@ -364,8 +366,9 @@ for schedule, costs in (
 #
 # - `after_step`: `pipe.step()`, then the all-reduce, the plain loop;
 # - `per_stage`: the executor's `on_stage_done` hook launches each stage's all-reduce right after
-#   its last backward (what torch's `REDUCE_GRAD` action and Megatron's `overlap_grad_reduce`
-#   do); the rank waits after its last action.
+#   its last backward (where torch's `REDUCE_GRAD` action runs; Megatron's
+#   `overlap_grad_reduce` starts earlier, bucket by bucket inside that last backward); the
+#   rank waits after its last action.
 #
 # Exposed = how far the slowest replica's sync ends past the pipeline's last action. Look for:
 # under 1F1B pipeline rank 1 hides its sync under rank 0's last backward, and rank 0 exposes
@@ -464,9 +467,11 @@ for ours, theirs in (
     (zbv(4, 8), torch_schedule("ZBVZeroBubble", 4, 8)),
     (interleaved_zero_bubble(4, 8, 2), torch_schedule("InterleavedZeroBubble", 4, 8, 2)),
 ):
-    torch_checked = torch_validate(ours) is not None
+    torch_checked = torch_validate(ours) is not None  # raises if torch refuses it
+    validate(with_communication(ours, Costs(p2p=0.1)))  # raises if dtlab's replay deadlocks
     print(f"{ours.name}: equal to torch's order {ours.actions == theirs.actions}; torch's "
-          f"validator {'passed' if torch_checked else 'absent in this torch'}")  # fmt: skip
+          f"validator {'passed' if torch_checked else 'absent in this torch'}; dtlab's "
+          "validator and replay (with messages) passed")  # fmt: skip
 
 # %% [markdown]
 # The same model (each whole stage F = I = W = 1, so a half-stage chunk costs 0.5) on `p = 4`
@@ -477,7 +482,8 @@ for ours, theirs in (
 # stage's all-reduce takes as long as its backward (2), started per stage. Look for: ZB-V and
 # interleaved ZB idling half of ZB-H1 and holding `p` stages' worth on *every* rank; and the DP
 # sync exposed on every rank under ZB-H1 and interleaved ZB, where 1F1B exposes it on rank 0
-# only.
+# only; under ZB-V the staircase turns around: the last rank's up-chunk W ends the step, so
+# rank 3 exposes the most and rank 0 nothing.
 
 # %%
 M16 = 16

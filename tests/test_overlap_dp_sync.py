@@ -14,6 +14,7 @@ from dtlab.parallel.pipeline import (
     interleaved_1f1b,
     one_f_one_b,
     zb_h1,
+    zbv,
 )
 from dtlab.parallel.pipeline.dp_sync import slack_in_backward_slots
 from dtlab.parallel.pipeline.dp_sync_run import exposed_per_rank, measure_dp_sync
@@ -38,6 +39,16 @@ def test_zb_h1_leaves_no_slack_its_ws_fill_the_drain():
     assert exposed_dp_sync(zb_h1(4, 8), None, 1.5) == {r: 1.5 for r in range(4)}
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_zbv_turns_the_staircase_around_its_last_rank_exposes_the_most(p):
+    t = Costs(0.5, 0.5, 0.5)
+    slack = dp_slack(zbv(p, 4 * p), t)
+    assert slack[p - 1] == 0.0  # the up-chunk's W on rank p-1 ends the step
+    assert min(slack[0], slack[2 * p - 1]) == pytest.approx((p - 1) * 0.5)  # rank 0's stages
+    exposed = exposed_dp_sync(zbv(p, 4 * p), t, 1.0)
+    assert exposed[p - 1] == max(exposed.values()) > exposed[0]
+
+
 def test_stage_zero_exposes_the_most_and_per_stage_sync_helps_only_with_chunks():
     one = exposed_dp_sync(one_f_one_b(4, 8), None, 3.0)
     assert one == {0: 3.0, 1: 1.0, 2: 0.0, 3: 0.0}  # slack 0, 2, 4, 6
@@ -55,6 +66,11 @@ def _last_compute(trace, mode: str, rank: int) -> tuple[int, int]:
     return last.start_ns, last.end_ns
 
 
+def _last_gradient_end(trace, rank: int, stage: int) -> int:
+    spans = trace.filter(mode="per_stage", step=0, kind="compute", stage=stage).spans
+    return max(s.end_ns for s in spans if s.rank == rank and s.labels["phase"] in ("B", "W"))
+
+
 @pytest.mark.parametrize("name", ["1f1b", "interleaved_1f1b"])
 def test_per_stage_sync_starts_under_the_pipelines_remaining_compute(cluster4, name):
     run = cluster4.run(measure_dp_sync, name, 2, 2, 4, width=256, stage_s=0.01, steps=1)
@@ -67,6 +83,11 @@ def test_per_stage_sync_starts_under_the_pipelines_remaining_compute(cluster4, n
     stage0_end = max(_last_compute(run.trace, "per_stage", i)[1] for i in stage0_ranks)
     for i, r in by_rank.items():
         (per_stage,) = [s for s in r["steps"] if s["mode"] == "per_stage"]
+        (after,) = [s for s in r["steps"] if s["mode"] == "after_step"]
+        for s in r["stages"]:  # launched inside pipe.step, right after the stage's last gradient
+            assert _last_gradient_end(run.trace, i, s) <= per_stage["launched"][s]
+            assert per_stage["launched"][s] < per_stage["pipeline_end"]
+            assert after["launched"][s] >= after["pipeline_end"]  # the plain loop: after the step
         if r["pp_rank"] == 1:  # its sync is launched while pipeline rank 0 still computes
             assert max(per_stage["launched"].values()) < stage0_end
         if name == "interleaved_1f1b":  # the later chunk's sync starts before the rank's last F/B

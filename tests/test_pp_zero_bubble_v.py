@@ -82,6 +82,8 @@ def test_zbv_idles_half_of_zb_h1_with_equal_costs(p):
         assert whole.idle(r) == pytest.approx(zero_bubble_idle(p, t, t, t))
         assert halves.idle(r) == pytest.approx(zero_bubble_idle(p, t / 2, t / 2, t / 2))
     assert halves.idle(0) == pytest.approx(whole.idle(0) / 2)
+    # the least any schedule can take: rank p-1 waits p-1 chunk forwards, then has 6m chunk actions
+    assert halves.makespan == pytest.approx((6 * m + p - 1) * t / 2)
 
 
 @pytest.mark.parametrize("costs", [(1, 1, 1), (1, 1.5, 0.5), (1, 2, 1), (2, 2, 1), (1, 1, 0.8)])

@@ -2,8 +2,9 @@
 
     dtlab bench overlap [--only tp,fsdp,moe,dp_pp] [--full] [--steps 3] [--json PATH]
 
-One table, one row per (mechanism, implementation, technique off/on), every figure read from
-the run's clock or trace, never from a formula:
+One table, one row per (mechanism, implementation, technique off/on); every exposed time, share
+and ratio is read from the run's clock or trace, and the only formula is the ``model ms``
+column, printed beside the measurement it predicts (dp_pp):
 
 * **tp** — tensor parallelism's backward input-gradient collective launched before the weight
   gradient GEMM and waited after it (plain TP and with sequence parallelism), and async TP
@@ -181,7 +182,8 @@ def main(argv: list[str]) -> int:
     mechanisms = tuple(m for m in args.only.split(",") if m)
     rows = run(mechanisms, fast=not args.full, steps=args.steps)
     print("exposed communication per mechanism (ms; per layer for tp, per unit for fsdp, per")
-    print("step for dp_pp); hidden = 1 - exposed/comm; on/off = median over steps of on ÷ off;")
+    print("step for dp_pp); hidden = 1 - exposed/comm (moe: 1 - on/off); on/off = on ÷ off")
+    print("(dp_pp: median over steps of the per-step ratio; moe: of the medians over rounds);")
     print("peak MB: one step's allocation high-water (fsdp)")
     print(format_rows(rows))
     if args.json:

@@ -180,7 +180,7 @@ class LinkBytes:
     plain_inter: int  # plain all-to-all rows to ranks on other nodes
     plain_intra: int  # plain all-to-all rows to other ranks of this node
     dedup_inter_rows: int  # one row per (token, remote node), to the rail peer there
-    dedup_intra_rows: int  # one row per (token, rank of this node that needs it), own or forwarded
+    dedup_intra_rows: int  # one row per (token, another rank of its node that needs it)
     dedup_inter_meta: int  # (token, expert mask) per inter-node row, int64
     dedup_intra_meta: int  # (source rank, token, expert mask) per intra-node row, int64
 

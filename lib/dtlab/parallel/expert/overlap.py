@@ -20,9 +20,9 @@ that no schedule hides. Messages between two ranks match in posting order, so ev
 in the same order; each micro-batch has its own receive buffers (``trace.labels(micro_batch=)``,
 :mod:`.exchange`). Both schedules give bit-identical outputs.
 
-*Exposed* all-to-all time, measured on each rank's clock: the time spent posting and then
-blocked in ``wait`` — the part of the transfers no compute covered. Sequentially it is the whole
-exchange. This runs on gloo over dtlab's counted messages, which really are asynchronous there;
+*Exposed* all-to-all time, measured on each rank's clock: the time spent in the (blocking) count
+exchanges, posting, and blocked in ``wait`` — the part of the transfers no compute covered.
+Sequentially it is the whole exchange. This runs on gloo over dtlab's counted messages, which really are asynchronous there;
 NCCL's point-to-point here is one blocking step (:class:`dtlab.collectives.p2p.TorchTransport`).
 
 :func:`measure_two_microbatch_overlap` runs both schedules interleaved on a cluster and reports
@@ -44,7 +44,7 @@ from dtlab import trace
 class TwoMicrobatchOverlap:
     """Exposed all-to-all and step time per schedule (medians over rounds, slowest rank)."""
 
-    exposed_s: dict[str, float]  # "sequential", "overlapped": posting + blocked in wait
+    exposed_s: dict[str, float]  # "sequential", "overlapped": counts + posting + blocked in wait
     step_s: dict[str, float]
     equal: bool  # overlapped outputs == sequential outputs, bit for bit, on every rank
     bytes_per_rank: list[int]  # counted exchange bytes of one schedule, per rank

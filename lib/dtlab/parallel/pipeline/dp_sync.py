@@ -10,17 +10,22 @@ run. What is left sticks out past the pipeline and is **exposed**:
 * **1F1B / GPipe** (one stage per rank, F/B costs equal across stages, free messages): the last
   micro-batch's backward walks from stage ``p-1`` down to stage 0, so stage ``s`` finishes
   ``s`` backward slots before the end: slack ``s·t_B``. Stage 0 has none and exposes its whole
-  reduction; the last stage hides up to ``(p-1)·t_B`` (Narayanan et al. 2021, Sec. 4.1, note the
-  same asymmetry). :func:`dp_slack` reads it off the simulated timeline rather than assuming it.
+  reduction; the last stage hides up to ``(p-1)·t_B``. (This follows from the schedule alone;
+  :func:`dp_slack` reads it off the simulated timeline rather than assuming it.)
 * **interleaved 1F1B** (``v`` chunks per rank, each ``1/v`` of a stage): stage ``s`` finishes
   ``s`` chunk-backwards before the end (slack ``s·t_B/v``), so rank ``r``'s later chunks finish
   early — chunk ``v-1`` long before chunk 0. Starting each chunk's reduction **per stage**, as
-  soon as that stage is done (``per_stage=True``; what torch's ``REDUCE_GRAD`` action and
-  Megatron's ``overlap_grad_reduce`` do), hides those; starting all of them after the rank's
-  last backward hides only ``r·t_B/v``.
+  soon as that stage is done (``per_stage=True``; where torch's ``REDUCE_GRAD`` action runs),
+  hides those; starting all of them after the rank's last backward hides only ``r·t_B/v``.
+  Megatron's ``overlap_grad_reduce`` starts earlier still: it syncs only on each chunk's last
+  micro-batch and launches bucket by bucket inside that backward, so a stage's last backward
+  also hides part of its own reduction (not modelled here).
 * **zero-bubble schedules** move W's into the drain, where 1F1B left the bubble: under ZB-H1
   every stage's last W ends with the step (slack 0 everywhere), and under interleaved zero
   bubble every chunk-0 stage's does — the bubble they remove was time that hid the sync.
+  ZB-V turns the staircase around: the last rank's up-chunk W ends the step, so rank ``p-1``
+  exposes the most and rank 0 the least (its stages' last W's end at least ``p-1`` chunk
+  actions before the step does; ``tests/test_overlap_dp_sync.py``).
 
 On one rank the reductions share one link: they run one after another, in the order their
 stages finish, each starting at ``max(its stage's end, the previous reduction's end)``.

@@ -5,20 +5,21 @@ For a fixed global batch ``B`` per pipeline, a smaller micro-batch ``b`` means m
 device's peak (its time stops shrinking in proportion to ``b``). With ``t(b)`` one stage's
 forward + backward on one micro-batch:
 
-* 1F1B (and GPipe):  step ``(m + p - 1)·t(b)`` (Narayanan et al. 2021, Sec. 3.2, "the
-  pipeline bubble and the micro-batch size");
+* 1F1B (and GPipe):  step ``(m + p - 1)·t(b)`` (Narayanan et al. 2021, Sec. 3.4 on the
+  micro-batch size, there written ``(b'/b + p - 1)·(t_f(b) + t_b(b))``);
 * interleaved, ``v`` chunks per rank: each fill/drain slot is a ``1/v`` chunk, so step
   ``(m + (p - 1)/v)·t(b)``.
 
 If ``t`` were linear in ``b`` (``t(b) = b·t(1)``), the step ``(B + (p-1)·b)·t(1)`` would always
 favour ``b = 1``; the measured ``t(b)`` is not linear — a thin GEMM wastes the device — so the best
 ``b`` is where the bubble saved stops paying for the efficiency lost. Interleaving shrinks the
-bubble term ``v``-fold, so it moves the best ``b`` up (toward efficient GEMMs).
+bubble term ``v``-fold, so for any ``t(b)`` that grows with ``b`` it can only keep the best
+``b`` or move it up (toward efficient GEMMs), never down.
 
 :func:`gemm_times` **measures** ``t(b)`` on this machine — the six GEMMs of one MLP block's
 forward and backward (``x·W1``, ``h·W2`` and, for each, the input and the weight gradient), timed
-on the clock (the fastest of ``repeats``: the run least disturbed by other processes on shared
-cores; CUDA synchronised) — and :func:`pipeline_steps` turns it
+on the clock (every size warmed up first, then timed round-robin ``repeats`` times and the
+fastest kept: the run least disturbed by other processes on shared cores; CUDA synchronised) — and :func:`pipeline_steps` turns it
 into step times per ``b``.
 """
 
@@ -79,7 +80,7 @@ def _measure(micro_batches, seq_len, d_model, repeats, device, dtype) -> list[Ge
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    out = []
+    blocks = []
     for b in micro_batches:
         x = torch.randn(b * seq_len, d_model, generator=g).to(device, dtype)
         grad = torch.randn(b * seq_len, d_model, generator=g).to(device, dtype)
@@ -93,17 +94,20 @@ def _measure(micro_batches, seq_len, d_model, repeats, device, dtype) -> list[Ge
             grad_w1 = x.T @ grad_h
             del y, grad_x, grad_w1, grad_w2
 
-        block()  # warm-up
-        times = []
-        for _ in range(repeats):
+        block()  # warm-up: every size before any is timed, so the first is not timed cold
+        blocks.append(block)
+    times: list[list[float]] = [[] for _ in micro_batches]
+    for _ in range(repeats):  # round-robin: a burst of load on the shared cores hits every size
+        for i, block in enumerate(blocks):
             sync()
             start = time.perf_counter()
             block()
             sync()
-            times.append(time.perf_counter() - start)
-        flops = 6 * 2 * b * seq_len * d_model * 4 * d_model
-        out.append(GemmTime(b, min(times), flops))
-    return out
+            times[i].append(time.perf_counter() - start)
+    return [
+        GemmTime(b, min(t), 6 * 2 * b * seq_len * d_model * 4 * d_model)
+        for b, t in zip(micro_batches, times, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

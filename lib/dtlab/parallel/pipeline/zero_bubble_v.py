@@ -11,9 +11,13 @@ W (the weights' gradient, which nobody waits for) and use the W's to fill the bu
   repeats F·I·W of the down chunk, F·I·W of the up chunk until every forward ran, and drains the
   remaining I's and W's. Each chunk is half a stage, so with equal per-chunk costs
   ``t_F = t_I = t_W = t`` every rank idles ``(p-1)·t`` — half of ZB-H1's ``(p-1)·2t`` on the
-  same model (:func:`zero_bubble_idle`) — and holds at most ``2p`` chunk activations at once,
-  ``p`` whole stages' worth: 1F1B's first-stage peak, on every rank. With unequal costs ZB-V's
-  idle time has no closed form here: simulate it.
+  same model (:func:`zero_bubble_idle`). That is the least any schedule on this placement can
+  idle: rank ``p-1`` cannot start before ``p-1`` chunk forwards have run, and every rank has
+  ``6m·t`` of work, so the step is at least ``(6m + p - 1)·t``. The authors' summary table
+  lists ZB-V's bubble rate as 0 at equal costs, and torch's docstring calls it zero bubble;
+  neither removes this fill, which the simulation counts. It holds at most ``2p`` chunk
+  activations at once, ``p`` whole stages' worth: 1F1B's first-stage peak, on every rank. With
+  unequal costs ZB-V's idle time has no closed form here: simulate it.
 * **Interleaved zero bubble** (the paper's ZB-1P with ``v`` chunks per rank, torch's
   ``ScheduleInterleavedZeroBubble``): interleaved 1F1B's loop placement and rounds of
   micro-batches, the backward split into I and W, and rank ``r``'s W's running ``r`` steps late so
@@ -43,7 +47,7 @@ def zero_bubble_idle(
     p: int, forward: float, backward_input: float, backward_weight: float
 ) -> float:
     """Idle time per rank of ZB-H1 and interleaved zero bubble, ``(p-1)(t_F + t_I - t_W)``,
-    with the costs of one chunk (Qi et al. 2023, Sec. 3.1); ZB-V's too when the three are
+    with the costs of one chunk (Qi et al. 2023, Sec. 2.1); ZB-V's too when the three are
     equal. The drain's ``p-1`` slots each lose a forward and an input-backward and get a W
     back. ``tests/test_pp_zero_bubble_v.py`` holds it against :func:`~dtlab.parallel.pipeline.
     simulate.simulate`."""
