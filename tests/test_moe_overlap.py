@@ -4,6 +4,8 @@ ordering — each wait begins after the compute that hides it — never by wall-
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from dtlab.parallel.expert.overlap import measure_two_microbatch_overlap
@@ -17,17 +19,25 @@ def test_overlapped_schedule_equals_sequential_and_moves_the_same_bytes(cluster2
     assert all(v > 0 for v in result.exposed_s.values())
 
 
-def _one(schedule: str):
+def _one(schedule: str, run_id: str):
     import torch
     import torch.distributed as dist
 
+    from dtlab import trace
     from dtlab.comm import Communicator
     from dtlab.parallel.expert.exchange import TokenExchange
     from dtlab.parallel.expert.overlap import SCHEDULES, _Parts
 
     parts = _Parts(8, 4, 2, TokenExchange(Communicator(None, collectives="dtlab", dim="ep")))
     g = torch.Generator().manual_seed(dist.get_rank())
-    SCHEDULES[schedule](parts, [torch.randn(2, 8, 8, generator=g) for _ in range(2)])
+    with trace.labels(run_id=run_id):  # spans a late message of an earlier run left are not ours
+        SCHEDULES[schedule](parts, [torch.randn(2, 8, 8, generator=g) for _ in range(2)])
+
+
+def _spans_of(cluster, schedule: str):
+    run_id = uuid.uuid4().hex
+    spans = cluster.run(_one, schedule, run_id).trace.spans
+    return [s for s in spans if s.labels.get("run_id") == run_id]
 
 
 def _span(spans, rank, name, micro_batch):
@@ -40,7 +50,7 @@ def _span(spans, rank, name, micro_batch):
 
 
 def test_each_wait_begins_after_the_compute_that_hides_it(cluster2):
-    spans = cluster2.run(_one, "overlapped").trace.spans
+    spans = _spans_of(cluster2, "overlapped")
     for rank in (0, 1):
         # A's dispatch waits for B's attention, B's dispatch for A's experts, A's combine for
         # B's experts: each transfer was in flight while the other micro-batch computed
@@ -56,7 +66,7 @@ def test_each_wait_begins_after_the_compute_that_hides_it(cluster2):
 
 
 def test_sequential_schedule_waits_before_the_other_micro_batch_computes(cluster2):
-    spans = cluster2.run(_one, "sequential").trace.spans
+    spans = _spans_of(cluster2, "sequential")
     for rank in (0, 1):
         assert (
             _span(spans, rank, "wait:moe_dispatch", 0).end_ns

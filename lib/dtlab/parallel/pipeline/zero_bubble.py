@@ -40,7 +40,7 @@ from dtlab.parallel.pipeline.actions import (
 
 
 def zb_h1(n_ranks: int, n_micro: int) -> Schedule:
-    """ZB-H1 (Qi et al. 2023, Sec. 3.1): 1F1B's warm-up (``p-1-r`` forwards on rank ``r``), then
+    """ZB-H1 (Qi et al. 2023, Sec. 2.1): 1F1B's warm-up (``p-1-r`` forwards on rank ``r``), then
     each steady step runs F and I; rank ``r`` starts running W's ``r`` steps late — oldest first —
     so the ranks nearest the end keep their W's for the drain, where 1F1B sat idle."""
     if n_ranks < 1 or n_micro < 1:
