@@ -1016,7 +1016,71 @@ print(
 )
 
 # %% [markdown]
-# ## 12. Quiz <a id="quiz"></a>
+# ## 12. Parallel folding <a id="parallel-folding"></a>
+#
+# So far EP was carved out of data parallel: an EP group is a block of consecutive *dp* indices
+# at the same tp/cp coordinate — ranks `tp·cp` apart. Megatron-Core's **MoE parallel folding**
+# (Liu et al. 2025, arXiv 2504.14960) gives the MoE layers their own mapping of the same ranks:
+# attention keeps `tp × cp × dp`, the MoE layers use `etp × ep × edp` (expert-TP, EP,
+# expert-DP; `etp·ep·edp = tp·cp·dp`), both inside the same pipeline stage. With thin experts
+# `etp = 1`: experts stay whole and EP can take the ranks TP uses for attention. The table below
+# is rank arithmetic (`FoldedMapping`, no run) for two nodes of 4 ranks, attention `tp = 4`,
+# `dp = 2`: each rank's groups, folded (`ep = 4` over the tp ranks) beside carved from dp (`ep`
+# at most `dp = 2`). Look for: the folded EP group inside one node, the carved one across both.
+
+# %%
+from dtlab.parallel.compose.folding import FoldedMapping, ep_carved_from_dp, ep_group_nodes
+
+RANKS_PER_NODE = 4
+folded = FoldedMapping(tp=4, dp=2, ep=4)
+carved = ep_carved_from_dp(tp=4, cp=1, dp=2, ep=2)
+print("rank node | attention tp     dp     | folded ep        edp    | carved-from-dp ep")
+for row in folded.rank_table(RANKS_PER_NODE):
+    mine = next(g for g in carved if row["rank"] in g)
+    print(
+        f"{row['rank']:>4} {row['node']:>4} | {row['tp']!s:<16} {row['dp']!s:<6} | "
+        f"{row['ep']!s:<16} {row['edp']!s:<6} | {mine}"
+    )
+crossing = folded.node_crossings(RANKS_PER_NODE)
+print("crosses a node (folded):", {d: "yes" if c else "no" for d, c in crossing.items()})
+print(
+    "EP group spans, tp=8 dp=16 on 8-rank nodes, ep=8: carved from dp "
+    f"{ep_group_nodes(8, 1, 16, 8, 8, folded=False)} nodes, folded "
+    f"{ep_group_nodes(8, 1, 16, 8, 8, folded=True)} node"
+)
+
+# %% [markdown]
+# Why the carved group crosses: dp is the *outer* dimension, so consecutive dp indices are
+# `tp·cp` ranks apart, and once `tp·cp` fills a node (TP kept on NVLink) every EP group has one
+# rank per node — every dispatch and combine all-to-all goes over the network, and EP can never
+# exceed dp. Folded, the all-to-all stays on NVLink and the expert gradients' all-reduce (edp) is
+# what crosses, once per step. On the ranks, `compose_gpt` now runs EP inside pipeline stages
+# (1F1B, each stage's experts over its own EP group), EP with context parallel for a router
+# that decides per token (no balancing loss, no capacity), and FSDP and sequence parallel with
+# pipeline stages, each equal to one process (`tests/test_compose_ep_folding.py`,
+# `test_compose_fsdp_pp.py`, `test_compose_sp_pp.py`); it still refuses EP with TP (the folded
+# mapping above is rank arithmetic, not yet a training step) and says what to change. Two byte counts that go with pipeline stages, per rank and step (formula,
+# the tests count them from real messages): FSDP over a stage gathers it once per step, as
+# torchtitan does, not around every micro-batch; sequence parallel sends the `S/t` shard
+# between stages.
+
+# %%
+from dtlab.parallel.compose.sequence_pipeline import stage_boundary_bytes
+from dtlab.parallel.compose.stage_fsdp import stage_fsdp_bytes
+
+once = stage_fsdp_bytes({0: [2_000_000_000]}, dp=8, element_size=2, n_micro=16)
+every = stage_fsdp_bytes({0: [2_000_000_000]}, 8, 2, 16, per_micro_batch=True)
+print(
+    f"a 2e9-parameter bf16 stage, dp = 8, 16 micro-batches: all-gather "
+    f"{once['all_gather'] / 1e9:.1f} GB once per step, {every['all_gather'] / 1e9:.0f} GB if "
+    "gathered for every micro-batch's forward and backward"
+)
+whole, shard = (stage_boundary_bytes(1, 8192, 8192, 2, tp=8, sp=sp) for sp in (False, True))
+print(f"one stage boundary, b = 1, S = d = 8192, tp = 8: {whole / 1e6:.0f} MB without SP, "
+      f"{shard / 1e6:.0f} MB with SP")  # fmt: skip
+
+# %% [markdown]
+# ## 13. Quiz <a id="quiz"></a>
 #
 # Graded questions from the bank on what this lab showed.
 
@@ -1046,6 +1110,12 @@ ask("moe.node_limited")
 
 # %%
 ask("moe.all_to_all_bytes")
+
+# %%
+ask("moe.folded_ep_nodes")
+
+# %%
+ask("moe.fsdp_pp_gather_bytes")
 
 # %%
 cluster.close()

@@ -125,24 +125,26 @@ def test_each_parameter_names_the_groups_its_gradient_is_reduced_over(cluster4):
 
 
 def test_impossible_compositions_are_refused_with_what_to_change(cluster4):
-    def build(data_parallel, sp):
+    def build(degrees, data_parallel):
         from dtlab.mesh import Mesh
         from dtlab.models import GPT, GPTConfig
+        from dtlab.models.moe import MoEConfig, moe_mlp_factory
         from dtlab.parallel.compose import compose_gpt
-        from dtlab.parallel.pipeline import one_f_one_b
 
-        mesh = Mesh(pp=2, dp=2)
+        factory = moe_mlp_factory(MoEConfig(n_experts=4, top_k=2, every=2))
         try:
             compose_gpt(
-                GPT(GPTConfig.tiny()), mesh, data_parallel=data_parallel,
-                sequence_parallel=sp, schedule=one_f_one_b(2, 2),
+                GPT(GPTConfig.tiny(), mlp_factory=factory), Mesh(**degrees),
+                data_parallel=data_parallel,
             )  # fmt: skip
         except ValueError as err:
             return str(err)
         return "accepted"
 
-    assert "use data_parallel='ddp'" in cluster4.run(build, "fsdp", False)[0]
-    assert "sequence_parallel=False" in cluster4.run(build, "ddp", True)[0]
+    assert "use tp=1 with ep > 1" in cluster4.run(build, {"dp": 2, "tp": 2, "ep": 2}, "ddp")[0]
+    assert (
+        "use data_parallel='ddp' with ep > 1" in cluster4.run(build, {"dp": 4, "ep": 2}, "fsdp")[0]
+    )
 
 
 def _moe_step_on_rank(degrees: dict) -> dict:

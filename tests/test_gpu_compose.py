@@ -42,3 +42,37 @@ def test_composed_step_runs_on_cuda_tensors_over_nccl():
     assert r["ddp"] < 1e-4 and r["fsdp"] < 1e-4
     assert r["ddp_norm_on"] == "cuda" and r["fsdp_norm_on"] == "cuda"
     assert r["ddp_traffic"] == {}  # one rank: no group of size > 1 moves a byte
+
+
+def _stage_shards_on_cuda() -> dict:
+    from dtlab.comm import Communicator
+    from dtlab.models import GPT, GPTConfig, SyntheticTokens, loss_fn, split_into_stages
+    from dtlab.parallel.compose.stage_fsdp import StageShards
+
+    device = dtlab.device()
+    config = GPTConfig.tiny()
+    x, y = (t.to(device) for t in SyntheticTokens(config, 1, 4)[0])
+    reference = GPT(config, seed=0).to(device)
+    loss_fn(reference(x), y).backward()
+    want = {n: p.grad for n, p in reference.named_parameters()}
+    stages = split_into_stages(GPT(config, seed=0).to(device), 2)
+    shards = StageShards(dict(enumerate(stages)), Communicator(None, dim="dp"))
+    shards.gather()  # once for the step; two micro-batches accumulate into the whole parameters
+    for xm, ym in zip(x.chunk(2), y.chunk(2), strict=True):
+        (loss_fn(stages[1](stages[0](xm)), ym) / 2).backward()
+    shards.finish()
+    grads = shards.full_gradients()
+    return {
+        "error": max((g - want[n]).abs().max().item() for n, g in grads.items()),
+        "on": {s.device.type for s in shards.shards.values()},
+        "freed": sum(p.numel() for s in stages for p in s.parameters()),
+    }
+
+
+@pytest.mark.timeout(300)
+def test_stage_shards_gather_once_and_reduce_on_cuda_tensors_over_nccl():
+    """FSDP over pipeline stages (both stages on one rank): whole parameters gathered once,
+    two micro-batches accumulated, one reduction into CUDA shards, the whole tensors freed."""
+    with dtlab.Cluster(1, device="cuda") as cluster:
+        r = cluster.run(_stage_shards_on_cuda)[0]
+    assert r["error"] < 1e-5 and r["on"] == {"cuda"} and r["freed"] == 0

@@ -8,6 +8,10 @@
 * :mod:`~dtlab.parallel.compose.account` — the accounts: placements, traffic by group, the whole
   gradients.
 
+With pipeline stages: :mod:`~dtlab.parallel.compose.stage_fsdp` (FSDP gathering each stage once
+per step) and :mod:`~dtlab.parallel.compose.sequence_pipeline` (stages exchanging sequence
+shards); :mod:`~dtlab.parallel.compose.folding` is MoE parallel folding's two rank mappings.
+
 Beside them: :mod:`~dtlab.parallel.compose.checks` (what can be composed, before any rank
 starts), :mod:`~dtlab.parallel.compose.groups` (HSDP's groups, the one flat all-reduce) and
 :mod:`~dtlab.parallel.compose.placement` (per parameter, which groups hold it and reduce its
@@ -20,6 +24,7 @@ from dtlab.parallel.compose.checks import (
     check_composition,
     composed_layout_problems,
 )
+from dtlab.parallel.compose.folding import FoldedMapping
 from dtlab.parallel.compose.placement import (
     Placement,
     clip_global_grad_norm_,
@@ -30,6 +35,7 @@ from dtlab.parallel.compose.placement import (
 __all__ = [
     "DATA_PARALLEL",
     "ComposedGPT",
+    "FoldedMapping",
     "Placement",
     "check_composed_layout",
     "check_composition",

@@ -40,7 +40,7 @@ def place_composed(
         degrees,
         tp_sharded=set(composed.tp_shard_dims),
         tp_partial=tp_partial,
-        dp_sharded=set(names) if composed.fsdp is not None else set(),
+        dp_sharded=set(names) if composed.fsdp or composed.stage_shards else set(),
         tied={"embed.weight", "lm_head.weight"} if tied and mesh.pp_size > 1 else set(),
         hybrid=bool(composed.hsdp_shard),
         expert={n for n in names if is_expert_param(n)} if mesh.layout.ep > 1 else set(),
@@ -63,6 +63,8 @@ class ComposedAccount:
                 communicators["embedding"] = self.pipeline.tied_comm
         if self.fsdp is not None:
             communicators["dp"] = self.fsdp.comm
+        if self.stage_shards is not None:
+            communicators["dp"] = self.stage_shards.comm
         if self.replica_comm is not None and self.replica_comm.world_size > 1:
             communicators["dp_replicate"] = self.replica_comm
         return communicators
@@ -88,6 +90,8 @@ class ComposedAccount:
         name parameters as the full model does."""
         if self.fsdp is not None:
             grads = self.fsdp.full_gradients()
+        elif self.stage_shards is not None:
+            grads = self.stage_shards.full_gradients()
         else:
             grads = {n: p.grad.detach().clone() for n, p in self.named_parameters()}
         if self.tp is None:

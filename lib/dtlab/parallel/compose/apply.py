@@ -7,6 +7,8 @@ over a ``pp × dp × cp × tp`` mesh, in the order production code applies them 
 3. **pipeline stages** over ``pp`` (:func:`pipeline_gpt`, any schedule);
 4. **expert parallel** (a mixture-of-experts GPT): experts sharded over ``ep``, carved out of
    ``dp`` (:func:`parallelize_experts`); expert gradients summed over ``edp`` and divided by dp;
+   inside pipeline stages too, and with ``cp`` for a router that decides per token
+   (:func:`~dtlab.parallel.compose.checks.per_token_router_problems`);
 5. **data parallel** outermost over ``dp``: replicas whose gradients are all-reduced
    (``"ddp"``), FSDP shards (``"fsdp"``), or HSDP — FSDP inside groups of ``hsdp_shard``
    consecutive dp ranks (default: those on one node, :meth:`Mesh.node_of`), replicas
@@ -21,10 +23,12 @@ share the model's modules, FSDP registers its shards in the model's own slots), 
 :attr:`ComposedGPT.parameters_by_name` is made by walking ``named_parameters()`` after the last
 wrapper is applied, and everything after finds a parameter by its name.
 
-Not composed here, and refused with a reason: FSDP/HSDP together with pipeline stages (a stage
-runs once per micro-batch, and dtlab's FSDP gathers per forward — use ``"ddp"`` with pp), and
-sequence parallel together with pipeline stages (the activation a stage sends would be
-sequence-sharded; the executor sends full sequences).
+With pipeline stages, FSDP and HSDP shard each *stage* over dp and gather it once per step,
+resharding after its last micro-batch's backward (torchtitan's way:
+:mod:`~dtlab.parallel.compose.stage_fsdp`), not around every micro-batch; there
+:attr:`ComposedGPT.parameters_by_name` holds this rank's 1-D shard of each parameter, under the
+model's names. With sequence parallel, pipeline stages exchange the ``(b, S/tp, d)`` sequence
+shard (:mod:`~dtlab.parallel.compose.sequence_pipeline`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,18 @@ import torch.nn as nn
 
 from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
+from dtlab.mesh.layout_rules import raise_problems
 from dtlab.models.moe import moe_layers
 from dtlab.parallel.compose.account import ComposedAccount, place_composed
-from dtlab.parallel.compose.checks import check_composed_layout, check_composition
+from dtlab.parallel.compose.checks import (
+    check_composed_layout,
+    check_composition,
+    per_token_router_problems,
+)
 from dtlab.parallel.compose.groups import hsdp_groups, node_share_of_dp
 from dtlab.parallel.compose.placement import Placement
+from dtlab.parallel.compose.sequence_pipeline import sequence_parallel_pipeline
+from dtlab.parallel.compose.stage_fsdp import StageShards
 from dtlab.parallel.compose.step import ComposedStep
 from dtlab.parallel.context import parallelize_context
 from dtlab.parallel.expert import parallelize_experts
@@ -65,6 +76,7 @@ class ComposedGPT(ComposedStep, ComposedAccount):
     tp: TensorParallel | None = None
     pipeline: PipelineExecutor | None = None
     fsdp: FullyShardedDataParallel | None = None
+    stage_shards: StageShards | None = None  # FSDP/HSDP with pipeline stages
     mesh_communicators: dict[str, Communicator] = field(default_factory=dict)
     """One communicator along each mesh dimension (``dp``, ``cp``, ``tp``, ``pp``; ``ep`` and
     ``edp`` with experts), made first; the mechanisms and the step run on them."""
@@ -142,6 +154,7 @@ def compose_gpt(
     """
     check_composition(mesh, data_parallel, sequence_parallel, schedule)
     experts = {m.experts.n_experts for m in moe_layers(model)}
+    raise_problems(per_token_router_problems(mesh.layout, [m.moe for m in moe_layers(model)]))
     check_composed_layout(
         model.config, mesh.layout, dist.get_world_size(), ranks_per_node=mesh.ranks_per_node,
         cp_style=cp_style, n_experts=min(experts) if experts else None,
@@ -168,21 +181,32 @@ def compose_gpt(
         composed.tp_vocab_names = _with_tied_head(tp.vocab_names, tied)
     if mesh.pp_size > 1:
         loss = tp.loss if tp is not None else None
-        composed.pipeline = pipeline_gpt(
-            model, mesh, schedule, collectives=collectives, loss_fn=loss
-        )
+        if sequence_parallel and tp is not None:  # stages exchange (b, S/tp, d) shards
+            composed.pipeline = sequence_parallel_pipeline(
+                model, mesh, schedule, tp=mesh.tp_size, collectives=collectives, loss_fn=loss
+            )
+        else:
+            composed.pipeline = pipeline_gpt(
+                model, mesh, schedule, collectives=collectives, loss_fn=loss
+            )
         composed.module = nn.ModuleDict({str(s): m for s, m in composed.pipeline.stages.items()})
-    elif data_parallel in ("fsdp", "hsdp"):
+    if data_parallel in ("fsdp", "hsdp"):
         group = mesh.dp_group
         if data_parallel == "hsdp":
             composed.hsdp_shard = hsdp_shard or node_share_of_dp(mesh)
             group, replicas = hsdp_groups(mesh, composed.hsdp_shard)
             composed.replica_comm = Communicator(replicas, collectives=collectives, dim="dp")
-        composed.fsdp = FullyShardedDataParallel(
-            model, units=list(model.blocks), process_group=group, collectives=collectives
-        )
-        composed.module = model
+        if composed.pipeline is not None:  # a stage per unit, gathered once per step
+            shard_comm = Communicator(group, collectives=collectives, dim="dp")
+            composed.stage_shards = StageShards(composed.pipeline.stages, shard_comm)
+        else:
+            composed.fsdp = FullyShardedDataParallel(
+                model, units=list(model.blocks), process_group=group, collectives=collectives
+            )
+            composed.module = model
     stages = list(composed.pipeline.stages.values()) if composed.pipeline else [model]
-    composed.parameters_by_name = name_parameters(stages, tied)
+    composed.parameters_by_name = (
+        composed.stage_shards.shards if composed.stage_shards else name_parameters(stages, tied)
+    )
     composed.placements = place_composed(composed, tp_partial=partial_names, tied=tied)
     return composed

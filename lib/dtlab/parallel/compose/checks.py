@@ -9,8 +9,9 @@ choose instead:
   divides the sequence (``2·cp`` chunks for zig-zag); EP divides the experts;
 * TP stays inside a node (:func:`dtlab.mesh.layout_rules.node_problems`: its collectives sit
   between every layer's matmuls and need NVLink);
-* what :func:`~dtlab.parallel.compose.compose_gpt` cannot compose (FSDP or SP with pipeline
-  stages; EP with anything but DP): :func:`unsupported_combinations`, the one list both
+* what :func:`~dtlab.parallel.compose.compose_gpt` cannot compose (EP with TP or FSDP; EP with
+  CP only for a per-token router, :func:`per_token_router_problems`; EP with DDP and pipeline
+  stages is composed): :func:`unsupported_combinations`, the one list both
   :func:`composed_layout_problems` (before any process starts) and :func:`check_composition`
   (inside ``compose_gpt``, on the ranks) read.
 
@@ -33,23 +34,42 @@ def unsupported_combinations(
     problems = []
     if data_parallel not in DATA_PARALLEL:
         problems.append(f"data_parallel={data_parallel!r}; choose one of {DATA_PARALLEL}")
-    if layout.pp > 1 and data_parallel != "ddp":
+    if layout.ep > 1 and layout.tp > 1:
         problems.append(
-            f"data_parallel={data_parallel!r} with pp={layout.pp}: a pipeline stage runs once per "
-            "micro-batch and dtlab's FSDP gathers its parameters per forward; use "
-            "data_parallel='ddp' with pipeline stages, or pp=1"
+            f"ep={layout.ep} with tp={layout.tp}: compose_gpt carves EP out of dp only, and its "
+            "tensor parallel does not split MoE layers; use tp=1 with ep > 1 (the folded "
+            "mapping that carves EP out of tp × dp is dtlab.parallel.compose.folding's "
+            "FoldedMapping — its groups, not yet its training step)"
         )
-    if layout.ep > 1 and (layout.tp, layout.pp, layout.cp, data_parallel) != (1, 1, 1, "ddp"):
+    if layout.ep > 1 and data_parallel != "ddp":
         problems.append(
-            f"ep={layout.ep}: expert parallel composes here with data parallel (DDP) only; use "
-            "tp=pp=cp=1 and data_parallel='ddp' with ep > 1"
-        )
-    if layout.pp > 1 and sequence_parallel:
-        problems.append(
-            "sequence_parallel=True with pipeline stages: the activations between stages would "
-            "be sequence-sharded; use sequence_parallel=False with pp > 1"
+            f"ep={layout.ep} with data_parallel={data_parallel!r}: expert weights are reduced "
+            "over edp, which dtlab's FSDP does not shard; use data_parallel='ddp' with ep > 1"
         )
     return problems
+
+
+def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
+    """EP with CP: a context-parallel rank holds a share of each sequence, so whatever a router
+    computes over *all* its tokens — the balancing losses, the capacity, the bias step's counts
+    — would be taken over a different set of tokens than one process takes. Composed only for a
+    router whose every output depends on its own token (dropless, no balancing loss or bias);
+    Megatron instead all-reduces the counts over its tp × cp group."""
+    if layout.ep == 1 or layout.cp == 1:
+        return []
+    per_token = all(
+        (m.aux_loss_weight, m.z_loss_weight, m.capacity_factor, m.bias_balancing)
+        == (0, 0, None, False)
+        for m in moe_configs
+    )
+    if per_token:
+        return []
+    return [
+        f"ep={layout.ep} with cp={layout.cp}: each context-parallel rank routes a share of every "
+        "sequence, so balancing losses, capacity and bias counts would be taken over other tokens "
+        "than one process takes; use MoEConfig(aux_loss_weight=0, z_loss_weight=0, "
+        "capacity_factor=None, bias_balancing=False) with cp > 1, or cp=1"
+    ]
 
 
 def check_composition(mesh, data_parallel: str, sequence_parallel: bool, schedule) -> None:

@@ -53,7 +53,13 @@ class ComposedStep:
         gradient reduced over its groups. Returns the global mean loss, on every rank."""
         tokens, targets, positions = self.local_batch(tokens, targets)
         if self.pipeline is not None:
+            shards = self.stage_shards
+            if shards is not None:  # FSDP over stages: gathered once, reduced at the last B/W
+                shards.gather()
+                self.pipeline.on_stage_done = shards.on_stage_done
             loss = self.pipeline.step(tokens, targets, positions)
+            if shards is not None:
+                shards.finish()
             loss = torch.zeros(()) if loss is None else loss.detach()
         else:
             kwargs = {} if positions is None else {"positions": positions}
