@@ -26,10 +26,13 @@ from dtlab.models import GPTConfig
 from dtlab.perf.charts import roofline_chart, segments_chart, syncs_chart, time_per_op_chart
 from dtlab.perf.fusion import (
     c_compiler,
+    compare_step_compiled,
     compile_and_measure,
+    compile_break_even_steps,
     rmsnorm_eager,
     rmsnorm_eager_reusing,
-    rmsnorm_fused_by_hand,
+    rmsnorm_fewer_passes,
+    rmsnorm_fewer_passes_bytes,
     rmsnorm_fused_bytes,
     rmsnorm_unfused_bytes,
 )
@@ -46,7 +49,12 @@ from dtlab.perf.op_census import count_ops, place_on_roofline
 from dtlab.perf.roofline import best_seconds, datasheet_for, measure_roofline
 from dtlab.perf.sample_trace import gpu_idle_us, planted_profile, summarise
 from dtlab.perf.syncs import SyncCounter, host_syncs_in_profile, seconds_per_step
-from dtlab.perf.workloads import SYNCS, gpt_training_step, gpt_training_step_fixed
+from dtlab.perf.workloads import (
+    SYNCS,
+    gpt_training_step,
+    gpt_training_step_compiled,
+    gpt_training_step_fixed,
+)
 from dtlab.quiz import ask, check_exercise
 
 dtlab.viz.setup_notebook()
@@ -200,77 +208,149 @@ check_exercise("runtime.intensity_and_bound", intensity_and_bound, cluster)
 # and writes `y` once: `2·r·c`. Every piece is memory-bound, so the roofline predicts the fused
 # form takes about `2/7` of the time.
 #
-# Four forms, on the rank: eager; eager with its buffers kept from call to call (the same ops
-# and bytes, but no fresh memory per call); fused by hand, by **cache blocking** (rows in chunks
-# small enough that every intermediate stays in cache, so only `x` and `y` cross to memory); and
-# `torch.compile`, which generates one kernel (C++ on a CPU, Triton on a GPU). Look for the
-# counted bytes against the formula, each form's measured time against its roofline floor, and
-# the compiler's cold start: it is paid once per shape, before the first step.
+# Three forms run on the rank: eager; eager with its buffers kept from call to call (the same
+# ops and bytes, but no fresh memory per call); and **fewer passes by hand**, as far as PyTorch's
+# own kernels allow: `torch.linalg.vector_norm` sums `x²` in one reduction pass without writing
+# `x²`, and the two multiplies share one output buffer (`5·r·c`). Only a generated kernel gets
+# to `2·r·c` — that is what `torch.compile` is for, and the next cell compiles a whole training
+# step. Look for the counted bytes against each formula, and each form's measured time against
+# its roofline floor.
 
 
 # %%
-def fusion_on_rank(rows, cols, compile_rows, repeats):
+def fusion_on_rank(rows, cols, repeats, compile_rows):
     import torch
 
     device = dtlab.device()
     x, w = torch.randn(rows, cols, device=device), torch.randn(cols, device=device)
-    counted = sum(op.nbytes for op in count_ops(lambda: rmsnorm_eager(x, w)).values())
     work = {}
     forms = {
         "eager": lambda: rmsnorm_eager(x, w),
         "eager, kept buffers": lambda: rmsnorm_eager_reusing(x, w, work=work),
-        "fused by hand": lambda: rmsnorm_fused_by_hand(x, w),
+        "fewer passes": lambda: rmsnorm_fewer_passes(x, w),
     }
+    for form in forms.values():
+        form()  # the kept buffers are allocated here, outside the count
+    census = {name: count_ops(form) for name, form in forms.items()}
+    counted = {name: sum(op.nbytes for op in ops.values()) for name, ops in census.items()}
     times = {name: best_seconds(form, device, repeats) for name, form in forms.items()}
-    small = torch.randn(compile_rows, cols, device=device)
-    compiled = compile_and_measure(rmsnorm_eager, small, w)
-    eager_small = best_seconds(lambda: rmsnorm_eager(small, w), device)
-    return counted, times, compiled, eager_small
+    compiled = None
+    if compile_rows:  # full mode only: fast mode compiles the whole step below instead
+        small = torch.randn(compile_rows, cols, device=device)
+        compiled = compile_and_measure(rmsnorm_eager, small, w)
+    return counted, times, compiled
 
 
 ROWS, COLS = (2048, 2048) if FAST else (8192, 4096)
-counted, times, compiled, eager_small = on_rank(
-    fusion_on_rank, ROWS, COLS, 8 if FAST else ROWS, 3 if FAST else 5
+counted, times, compiled = on_rank(
+    fusion_on_rank, ROWS, COLS, 3 if FAST else 5, 0 if FAST else ROWS
 )
-unfused, fused = rmsnorm_unfused_bytes(ROWS, COLS, 4), rmsnorm_fused_bytes(ROWS, COLS, 4)
-print(f"RMSNorm of {ROWS} × {COLS} fp32:")
-print(
-    f"  eager bytes counted {counted / 1e6:.1f} MB; formula (7rc + 5r + c)·4 = {unfused / 1e6:.1f} MB"
-)
-print(
-    f"  fused bytes (formula 2rc + c)·4 = {fused / 1e6:.1f} MB → predicted time ratio {fused / unfused:.2f}"
-)
+formula = {
+    "eager": rmsnorm_unfused_bytes(ROWS, COLS, 4),
+    "eager, kept buffers": rmsnorm_unfused_bytes(ROWS, COLS, 4),
+    "fewer passes": rmsnorm_fewer_passes_bytes(ROWS, COLS, 4),
+}
+fused = rmsnorm_fused_bytes(ROWS, COLS, 4)
+print(f"RMSNorm of {ROWS} × {COLS} fp32 ({ROWS * COLS * 4 / 2**20:.0f} MiB input):")
 for name, seconds in times.items():
-    floor = ROOF.predicted_seconds(0, fused if name == "fused by hand" else unfused)
-    print(f"  {name:<20} {seconds * 1e3:8.2f} ms measured; roofline floor {floor * 1e3:.2f} ms")
-ratio = times["fused by hand"] / times["eager, kept buffers"]
-print(f"  measured ratio fused by hand / eager with kept buffers: {ratio:.2f}")
-if compiled.ok:
+    floor = ROOF.predicted_seconds(0, counted[name])
     print(
-        f"torch.compile: cold start {compiled.cold_start_s:.1f} s (measured), "
-        f"{compiled.kernels} generated kernel(s) {list(compiled.kernel_names)}; warm call "
-        f"{compiled.warm_call_s * 1e6:.0f} µs vs eager {eager_small * 1e6:.0f} µs on the compiled shape"
+        f"  {name:<20} {counted[name] / 1e6:6.1f} MB counted (formula {formula[name] / 1e6:6.1f}); "
+        f"{seconds * 1e3:7.2f} ms measured, roofline floor {floor * 1e3:.2f} ms"
     )
+print(
+    f"  fully fused: {fused / 1e6:.1f} MB predicted by the formula (2rc + c)·4 — not measured; "
+    f"floor {ROOF.predicted_seconds(0, fused) * 1e3:.2f} ms"
+)
+ratio = times["fewer passes"] / times["eager, kept buffers"]
+print(
+    f"  measured time ratio fewer passes / eager with kept buffers: {ratio:.2f} "
+    f"(bytes ratio {counted['fewer passes'] / counted['eager, kept buffers']:.2f})"
+)
+if compiled is not None and compiled.ok:
+    print(
+        f"torch.compile(rmsnorm_eager): cold start {compiled.cold_start_s:.1f} s (measured), "
+        f"{compiled.kernels} generated kernel(s) {list(compiled.kernel_names)}; warm call "
+        f"{compiled.warm_call_s * 1e3:.2f} ms (measured)"
+    )
+
+# %% [markdown]
+# Read the times together, and trust only what they show. Plain eager can be slower than its
+# bytes predict on a CPU because each multi-MiB temporary is fresh memory that the system
+# allocator maps and faults in on every call — a cost of *allocation*, not of bytes, which a
+# caching allocator (section 7) removes; keeping the buffers shows how much of it there was.
+#
+# Then compare the measured time ratio (fewer passes ÷ eager with kept buffers) with the bytes
+# ratio. If they agree, both forms run at the speed of their bytes and the roofline explains the
+# saving. If the time ratio is much smaller, some eager kernel is slower than its bytes — profile
+# it op by op as in section 3 before crediting fusion. If it is larger, the machine is busy or
+# the data sat in cache. A time *below* its floor means the data never left the cache: the floor
+# uses the DRAM copy bandwidth, and a fast-mode input of 16 MiB fits a large last-level cache. On
+# busy cores the times move from run to run; the counted bytes do not.
+#
+# Now a whole training step of a tiny lab GPT (one layer), eager against `torch.compile`. The
+# compiled step's blocks, head and loss become two graphs (forward and backward) of generated
+# kernels; the embedding stays eager, because on a CPU the model reads its positions with
+# `int(...)` — a host read that would split the graph (section 6). Look for the ATen ops the
+# profiler sees per step, the kernels Inductor generated instead, the measured step times, and
+# the cold start: it is paid once per shape, before the first step. The compiled step's bytes
+# are not measured here (the census cannot see inside a generated kernel).
+
+
+# %%
+TINY = GPTConfig(
+    vocab_size=256, seq_len=32, d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.0
+)
+
+
+def compile_step_on_rank(config, batch):
+    device = dtlab.device()
+    eager_bytes = sum(
+        op.nbytes for op in count_ops(gpt_training_step(config, batch, device)).values()
+    )
+    eager, compiled = (
+        gpt_training_step(config, batch, device),
+        gpt_training_step_compiled(config, batch, device),
+    )
+    return eager_bytes, compare_step_compiled(eager, compiled, device)
+
+
+STEP_CONFIG = TINY if FAST else CONFIG
+step_bytes, cmp = on_rank(compile_step_on_rank, STEP_CONFIG, 2 if FAST else BATCH)
+print(
+    f"eager step: {cmp.eager_aten_ops} ATen ops (profiler), {step_bytes / 1e6:.2f} MB (counted; "
+    f"roofline floor {ROOF.predicted_seconds(0, step_bytes) * 1e3:.2f} ms), {cmp.eager_s * 1e3:.2f} ms (measured)"
+)
+if cmp.ok:
+    print(
+        f"compiled:   {cmp.compiled_aten_ops} ATen ops (profiler) + {cmp.kernels} kernels in Inductor's "
+        f"code over {cmp.graphs} graphs (counted), {cmp.compiled_s * 1e3:.2f} ms (measured)"
+    )
+    print(f"cold start: {cmp.cold_start_s:.1f} s (measured: the first compiled step, both graphs)")
+    steps = compile_break_even_steps(cmp.cold_start_s, cmp.eager_s, cmp.compiled_s)
+    if steps < float("inf"):
+        print(f"→ pays for its cold start after ≈ {steps:.0f} steps at these times")
+    else:
+        print("→ never pays for its cold start at these times: the compiled step was not faster")
 else:
-    print(f"torch.compile failed on this machine: {compiled.error}")
+    print(f"torch.compile failed on this machine: {cmp.error}")
     print(
         f"(C++ compiler found: {c_compiler()}; on a CPU Inductor needs g++ — install it to see this part)"
     )
 
 # %% [markdown]
-# Read the three eager-family times together. Plain eager is usually far slower than its bytes
-# predict on a CPU: each multi-MiB temporary is fresh memory that the system allocator maps and
-# faults in page by page on every call. That is the cost of *allocation*, not of bytes, and it is
-# exactly what a caching allocator (section 7) removes — keeping the buffers shows it. Against
-# the kept-buffer eager, the hand-fused form moves `2/7` of the bytes but pays Python and
-# dispatch for every chunk, and on two busy cores that can outweigh the saving; a compiler's
-# kernel (or a hand-written Triton kernel on a GPU) fuses without that per-chunk cost. On a busy laptop the times move from run to run; the counted bytes do not.
+# The ATen ops left in the compiled step are the eager embedding, the optimizer's updates, the
+# matmuls Inductor hands to the library (`extern_kernels`) and autograd's own ops; the blocks'
+# pointwise ops and norms run inside the generated kernels. Compare the eager step's measured
+# time with the roofline floor of its counted bytes: at this size the bytes explain a small part
+# of the step, so whatever time compiling saves is host work — dispatch — more than bytes: the
+# launch-bound regime of the next section.
 #
-# The cold start is the compiler's price: at seconds per new shape, a job whose shapes change
-# every step (variable sequence lengths without padding) recompiles every step — mark such
-# dimensions dynamic, or pad to a few bucket sizes. On the tiny shape compiled in fast mode the
-# compiled call can even be slower than eager: its guards and wrapper cost more than 8 rows of
-# arithmetic.
+# The cold start is the compiler's price (Inductor caches compiled graphs on disk, so a rerun of
+# this cell in a new process may start faster): at seconds per new shape, a job whose shapes
+# change every step (variable sequence lengths without padding) recompiles — mark such
+# dimensions dynamic, or pad to a few bucket sizes. If the compiled step is not faster here, the
+# break-even line says so with a negative or huge number: believe the measurement.
 
 # %% [markdown]
 # ## 5. Launch-bound steps <a id="launch"></a>

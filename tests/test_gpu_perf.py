@@ -93,3 +93,20 @@ def test_the_bench_prints_the_gpu_figures(capsys):
     assert runtime_perf.main(["--fast"]) == 0
     out = capsys.readouterr().out
     assert "graph replay: eager" in out and "real allocator" in out
+
+
+def test_a_compiled_step_on_the_gpu_runs_triton_kernels_and_dispatches_fewer_aten_ops():
+    from dtlab.models import GPTConfig
+    from dtlab.perf.fusion import compare_step_compiled, rmsnorm_eager, rmsnorm_fewer_passes
+    from dtlab.perf.workloads import gpt_training_step, gpt_training_step_compiled
+
+    x, w = torch.randn(64, 256, device=DEVICE), torch.randn(256, device=DEVICE)
+    torch.testing.assert_close(rmsnorm_fewer_passes(x, w), rmsnorm_eager(x, w))
+    config = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_layers=1, n_heads=2, d_ff=128,
+                       dropout=0.0)  # fmt: skip
+    result = compare_step_compiled(
+        gpt_training_step(config, 2, DEVICE), gpt_training_step_compiled(config, 2, DEVICE), DEVICE
+    )
+    assert result.ok, result.error
+    assert result.graphs == 2 and result.kernels >= 2
+    assert 0 < result.compiled_aten_ops < result.eager_aten_ops

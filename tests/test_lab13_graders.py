@@ -3,6 +3,8 @@ wrong byte count, a wrong bound and syncs found by name alone fail."""
 
 from __future__ import annotations
 
+import pytest
+
 from dtlab.perf.roofline import intensity_and_bound as library_bound
 from dtlab.perf.syncs import host_syncs_in_profile as library_syncs
 from dtlab.quiz import check_exercise
@@ -115,3 +117,25 @@ def test_missing_the_explicit_synchronize_is_reported():
         "runtime.find_host_syncs", no_device_sync, cluster=object(), record=False
     )
     assert not result and "missed event" in result.message
+
+
+def test_the_bank_keys_come_from_the_library_and_match_their_explanations():
+    from dtlab.quiz.graders import runtime as keys
+
+    assert keys.ridge_point_key(989.4e12, 3.35e12) == pytest.approx(295.3, rel=1e-3)
+    assert keys.ridge_point_key(989.4e12, 4.8e12) == pytest.approx(206.1, rel=1e-3)  # H200
+    assert keys.launch_bound_step_ms_key(2000, 10, 8) == pytest.approx(20.0)
+    assert keys.launch_bound_step_ms_key(100, 10, 8) == pytest.approx(8.0)  # device-bound
+    assert keys.compile_break_even_steps_key(90, 1.2, 0.95) == pytest.approx(360)
+    assert keys.sync_idle_ms_key(4, 150) == pytest.approx(0.6)
+    assert keys.fused_speedup_key(8192, 4096, 2) == pytest.approx(3.5, rel=1e-3)
+    assert keys.fragmentation_overhead_mib_key([1024, 768, 1280, 512, 1536], 4096, 4) == 36
+
+
+def test_compiling_never_pays_off_when_the_compiled_step_is_not_faster():
+    import math
+
+    from dtlab.perf.fusion import compile_break_even_steps
+
+    assert compile_break_even_steps(10.0, 1.0, 1.0) == math.inf
+    assert compile_break_even_steps(10.0, 1.0, 0.5) == pytest.approx(20.0)

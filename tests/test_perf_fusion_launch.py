@@ -1,5 +1,6 @@
-"""Fusion and launch overhead: the hand-fused RMSNorm equals eager and moves a third of the
-bytes; a failed compile is reported, not raised; a tiny model's ops grow with its depth."""
+"""Fusion and launch overhead: the fewer-passes RMSNorm equals eager and its counted bytes equal
+its formula; a failed compile is reported, not raised; a compiled training step dispatches fewer
+ATen ops than eager; a tiny model's ops grow with its depth."""
 
 from __future__ import annotations
 
@@ -17,10 +18,27 @@ from dtlab.perf.launch import (
 )
 
 
-def test_the_hand_fused_rmsnorm_equals_eager_across_chunk_edges():
+def test_the_fewer_passes_rmsnorm_equals_eager():
     x, w = torch.randn(37, 64), torch.randn(64)
-    fused = fusion.rmsnorm_fused_by_hand(x, w, chunk_bytes=5 * 64 * 4)  # 5 rows a chunk, 8 chunks
-    torch.testing.assert_close(fused, fusion.rmsnorm_eager(x, w))
+    torch.testing.assert_close(fusion.rmsnorm_fewer_passes(x, w), fusion.rmsnorm_eager(x, w))
+
+
+def test_counted_rmsnorm_bytes_equal_each_forms_formula():
+    from dtlab.perf.op_census import count_ops
+
+    rows, cols = 24, 40
+    x, w = torch.randn(rows, cols), torch.randn(cols)
+
+    def counted(fn):
+        return sum(op.nbytes for op in count_ops(lambda: fn(x, w)).values())
+
+    assert counted(fusion.rmsnorm_eager) == fusion.rmsnorm_unfused_bytes(rows, cols, 4)
+    assert counted(fusion.rmsnorm_fewer_passes) == fusion.rmsnorm_fewer_passes_bytes(rows, cols, 4)
+    assert (
+        fusion.rmsnorm_fused_bytes(rows, cols, 4)
+        < fusion.rmsnorm_fewer_passes_bytes(rows, cols, 4)
+        < fusion.rmsnorm_unfused_bytes(rows, cols, 4)
+    )
 
 
 def test_fusion_predicts_a_third_of_the_bytes_for_wide_rows():
@@ -44,6 +62,40 @@ def test_compiled_rmsnorm_is_one_generated_kernel_and_still_correct():
     result = fusion.compile_and_measure(fusion.rmsnorm_eager, x, w, calls=4)
     assert result.ok, result.error
     assert result.kernels == 1 and result.cold_start_s > result.warm_call_s > 0
+
+
+def test_a_compiler_failure_on_a_whole_step_is_returned_as_an_error(monkeypatch):
+    from torch._inductor import utils as inductor_utils
+
+    def broken(call):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(inductor_utils, "run_and_get_code", broken)
+    step = lambda: torch.ones(3).add(1)  # noqa: E731
+    result = fusion.compare_step_compiled(step, step, torch.device("cpu"), repeats=1)
+    assert not result.ok and "C++ compiler" in result.error and result.eager_aten_ops >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(fusion.c_compiler() is None, reason="Inductor on a CPU needs a C++ compiler")
+def test_a_compiled_training_step_dispatches_fewer_aten_ops_and_learns_the_same():
+    from dtlab.models import GPTConfig
+    from dtlab.perf.workloads import gpt_training_step, gpt_training_step_compiled
+
+    config = GPTConfig(
+        vocab_size=64, seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0
+    )
+    eager, compiled = gpt_training_step(config, 2), gpt_training_step_compiled(config, 2)
+    losses = [(eager().item(), compiled().item()) for _ in range(3)]
+    for a, b in losses:
+        assert abs(a - b) < 1e-3 * max(1.0, abs(a))
+    result = fusion.compare_step_compiled(
+        gpt_training_step(config, 2), gpt_training_step_compiled(config, 2), torch.device("cpu"), 2
+    )
+    assert result.ok, result.error
+    assert result.graphs == 2 and result.kernels >= 2  # forward and backward graphs
+    assert 0 < result.compiled_aten_ops < result.eager_aten_ops
+    assert result.cold_start_s > 0 and result.compiled_s > 0
 
 
 def test_a_tiny_models_ops_grow_with_depth_not_width():

@@ -82,3 +82,9 @@ def test_every_op_of_a_step_is_placed_with_its_count_and_time():
 def test_unknown_ops_name_the_ones_with_a_formula():
     with pytest.raises(ValueError, match="choose matmul"):
         op_cost("conv", {}, 4)
+
+
+def test_no_datasheet_is_printed_for_a_pcie_or_nvl_card_of_the_same_name():
+    assert datasheet_for("NVIDIA H100 80GB HBM3").name.startswith("H100 SXM")
+    assert datasheet_for("NVIDIA H200").hbm_bandwidth_bytes_per_s == pytest.approx(4.8e12)
+    assert datasheet_for("NVIDIA H100 PCIe") is None and datasheet_for("NVIDIA H100 NVL") is None

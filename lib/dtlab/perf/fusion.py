@@ -1,30 +1,44 @@
 """Fusion: the same arithmetic in fewer passes over memory.
 
 RMSNorm (Zhang & Sennrich 2019), ``y = x · rsqrt(mean(x²) + ε) · w``, written as eager PyTorch
-runs five kernels — ``pow``, ``mean``, ``add``, ``rsqrt``, ``mul``, ``mul`` — and each reads its
-input from memory and writes its output back. For ``x`` of ``r × c`` elements of ``e`` bytes
-that is about ``6·r·c·e`` bytes (:func:`rmsnorm_unfused_bytes`), all of it memory-bound
-(a handful of FLOPs per element, far below any ridge point). A fused kernel reads ``x`` once and
-writes ``y`` once: ``2·r·c·e`` (+ the weight) — :func:`rmsnorm_fused_bytes` — so on the roofline
-it should take a third of the time.
+runs six ops — ``pow``, ``mean``, ``add``, ``rsqrt``, ``mul``, ``mul`` — and each reads its
+input from memory and writes its output back. For ``x`` of ``n = r × c`` elements of ``e`` bytes
+that is ``(7n + 5r + c)·e`` bytes (:func:`rmsnorm_unfused_bytes`), all of it memory-bound
+(a handful of FLOPs per element, far below any ridge point). A fully fused kernel reads ``x``
+once and writes ``y`` once: ``(2n + c)·e`` — :func:`rmsnorm_fused_bytes` — so on the roofline it
+should take ``2/7`` of the time.
 
-Two fused forms, measured against the eager one (and against :func:`rmsnorm_eager_reusing`,
+Three forms are measured against the eager one (and against :func:`rmsnorm_eager_reusing`,
 the eager ops with their buffers kept, which separates the cost of fresh memory from the cost
 of bytes moved):
 
-* :func:`rmsnorm_fused_by_hand` — *loop fusion by cache blocking*, written in PyTorch: the rows
-  are processed in chunks small enough (``chunk_bytes``, 256 KiB) that every intermediate stays
-  in the CPU's L2 cache; only ``x`` and ``y`` cross to DRAM. It pays Python and dispatch per
-  chunk, which is why a compiler (or a hand-written CUDA/Triton kernel on a GPU) does better.
+* :func:`rmsnorm_fewer_passes` — fusion *by hand in PyTorch*, as far as existing ATen kernels
+  allow: ``torch.linalg.vector_norm`` computes ``Σx²`` in one reduction pass that writes only
+  ``r`` values (no ``x²`` tensor), and the two multiplies write one output buffer, the second in
+  place. ``(5n + 10r + c)·e`` bytes (:func:`rmsnorm_fewer_passes_bytes`): between eager and
+  fully fused, because ATen has no kernel that multiplies by a row scale *and* a column weight
+  in one pass. Only a generated or hand-written kernel (C++/Triton) reaches ``2n``.
+
+  Cache blocking in PyTorch (rows in chunks small enough that the intermediates stay in cache)
+  is deliberately not used: it dispatches ops per chunk — hundreds per call — and the census,
+  which counts every op's traffic, counts *more* bytes for it than for eager, so its saving
+  could not be shown as measured.
 * ``torch.compile`` (TorchInductor) generates one C++ (CPU) or Triton (GPU) kernel for the whole
   expression. :func:`compile_and_measure` times its cold start (tracing + codegen + the C
-  compiler), counts the kernels in the generated code, and times the warm call. On a CPU,
+  compiler), counts the kernels in the generated code, and times the warm call. Its bytes are
+  **not measured** by dtlab: the dispatch census cannot see inside a generated kernel, and
+  Inductor's own byte count (``torch._inductor.metrics.num_bytes_accessed``) stays 0 for CPU
+  kernels — the lab prints :func:`rmsnorm_fused_bytes` as the formula's prediction. On a CPU,
   Inductor needs a working C++ compiler (``g++``); where compilation fails the function returns
   the error instead of raising, so a lab can say what to install.
+* :func:`compare_step_compiled` does the same for a whole training step: ATen ops dispatched per
+  step (``torch.profiler``) eager against compiled, the kernels Inductor generated, the cold
+  start, and both steps' measured time.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -61,26 +75,23 @@ def rmsnorm_eager_reusing(
     return torch.mul(work["scaled"], weight, out=work["out"])
 
 
-def rmsnorm_fused_by_hand(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = EPS, chunk_bytes: int = 256 << 10
-) -> torch.Tensor:
-    """RMSNorm over row chunks that fit in cache: DRAM sees ``x`` read once and ``y`` written once.
+def rmsnorm_fewer_passes(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """RMSNorm in five ``x``-sized reads and writes instead of eager's seven.
 
-    The intermediates (``x²``, the row means, ``x·rsqrt``) live in one reused chunk buffer."""
-    rows, cols = x.shape
-    step = max(1, chunk_bytes // (cols * x.element_size()))
-    out = torch.empty_like(x)
-    buf = torch.empty(step, cols, dtype=x.dtype, device=x.device)
-    scale = torch.empty(step, 1, dtype=x.dtype, device=x.device)
-    for start in range(0, rows, step):
-        xc = x[start : start + step]
-        n = xc.shape[0]
-        torch.mul(xc, xc, out=buf[:n])
-        torch.mean(buf[:n], -1, keepdim=True, out=scale[:n])
-        scale[:n].add_(eps).rsqrt_()
-        torch.mul(xc, scale[:n], out=buf[:n])
-        torch.mul(buf[:n], weight, out=out[start : start + n])
-    return out
+    ``vector_norm`` reads ``x`` once and writes the ``r`` row norms (``‖x‖² / c = mean(x²)``);
+    the scale is finished on those ``r`` values in place; ``x · w`` writes ``y`` and ``y *= scale``
+    rewrites it in place. No ``x``-sized temporary is allocated besides ``y``."""
+    scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    scale.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    return torch.mul(x, weight).mul_(scale)
+
+
+def rmsnorm_fewer_passes_bytes(rows: int, cols: int, bytes_per_element: int) -> int:
+    """:func:`rmsnorm_fewer_passes`' traffic, each op reading its inputs and writing its output
+    once: ``vector_norm`` n + r, four in-place ops on the ``r`` scales 2r each, ``mul`` 2n + c,
+    ``mul_`` 2n + r → ``(5n + 10r + c)·e``."""
+    n = rows * cols
+    return ((n + rows) + 4 * 2 * rows + (2 * n + cols) + (2 * n + rows)) * bytes_per_element
 
 
 def rmsnorm_unfused_bytes(rows: int, cols: int, bytes_per_element: int) -> int:
@@ -138,6 +149,17 @@ def compile_and_measure(fn, *args, calls: int = 20) -> Compiled:
     return Compiled(cold, warm, len(names), names)
 
 
+def _generated_code_of(call) -> list[str]:
+    """Run ``call()`` once; Inductor's generated source for every graph it compiled meanwhile
+    (``[]`` where the private hook ``run_and_get_code`` is unavailable: counts are then 0)."""
+    try:
+        from torch._inductor.utils import run_and_get_code
+    except ImportError:
+        call()
+        return []
+    return list(run_and_get_code(call)[1])
+
+
 def _generated_code(compiled, *args) -> str:
     """Call ``compiled`` once and return Inductor's generated source ("" where unavailable).
 
@@ -161,3 +183,75 @@ def c_compiler() -> str | None:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
+
+
+def compile_break_even_steps(
+    cold_start_s: float, eager_step_s: float, compiled_step_s: float
+) -> float:
+    """Steps after which compiling has paid for its cold start: ``cold / (eager − compiled)``;
+    ``math.inf`` when the compiled step is not faster (it never pays off)."""
+    saved = eager_step_s - compiled_step_s
+    return cold_start_s / saved if saved > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    """One training step eager and compiled, every figure measured or counted on this machine.
+
+    ``*_aten_ops``: ATen ops per step in ``torch.profiler`` (nested calls included); the
+    compiled step's generated kernels run outside ATen, so they are not among them.
+    ``kernels``: distinct kernels in Inductor's generated code (fused C++/Triton kernels and
+    ``extern_kernels`` calls such as ``mm``), counted from the code; ``graphs``: how many
+    graphs Inductor compiled (forward and backward each count). ``error`` when compile failed."""
+
+    eager_aten_ops: int
+    eager_s: float
+    compiled_aten_ops: int = 0
+    compiled_s: float = 0.0
+    cold_start_s: float = 0.0
+    kernels: int = 0
+    graphs: int = 0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def aten_ops_per_step(step, steps: int = 1) -> int:
+    """ATen ops ``step()`` dispatches, averaged over ``steps``, read from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return round(sum(e.name.startswith("aten::") for e in prof.events()) / steps)
+
+
+def compare_step_compiled(eager_step, compiled_step, device, repeats: int = 5) -> StepComparison:
+    """Eager against compiled: the compiled step's first call (the cold start: tracing, code
+    generation, the C++ compiler, the backward's compile) timed and its generated code read,
+    then ATen ops per step and the best step time of each. Never raises for a compiler failure.
+
+    The two steps must start from equal states (built with the same seed) for their losses to
+    be comparable; their times are comparable either way."""
+    from dtlab.perf.roofline import best_seconds
+
+    eager = StepComparison(aten_ops_per_step(eager_step), best_seconds(eager_step, device, repeats))
+    start = time.perf_counter()
+    try:
+        code = _generated_code_of(compiled_step)
+    except Exception as error:  # noqa: BLE001 - Inductor raises many types; report, don't crash
+        err = f"{type(error).__name__}: {error}"[:600]
+        return StepComparison(eager.eager_aten_ops, eager.eager_s, error=err)
+    cold = time.perf_counter() - start
+    return StepComparison(
+        eager.eager_aten_ops,
+        eager.eager_s,
+        compiled_aten_ops=aten_ops_per_step(compiled_step),
+        compiled_s=best_seconds(compiled_step, device, repeats),
+        cold_start_s=cold,
+        kernels=sum(len(_kernel_names(c)) for c in code),
+        graphs=len(code),
+    )

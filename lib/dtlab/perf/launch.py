@@ -122,6 +122,14 @@ def step_time_by_width(
     return rows
 
 
+def launch_bound_step_seconds(ops: int, per_op_s: float, device_s: float) -> float:
+    """A step's time when the host issues ``ops`` ops at ``per_op_s`` each and the device needs
+    ``device_s`` for their kernels: the longer of the two. The host queues work asynchronously and
+    runs ahead of the device only while it is the faster one; when ``ops × per_op_s`` is longer,
+    the device waits on the host and the step is launch-bound."""
+    return max(ops * per_op_s, device_s)
+
+
 def launch_bound_share(row: dict[str, float], floor_per_op_s: float) -> float:
     """Share of a step's measured time that its ops' fixed cost explains: ``ops × floor / t``."""
     return min(1.0, row["ops"] * floor_per_op_s / row["seconds"])

@@ -66,9 +66,16 @@ class Roofline:
 
 
 def datasheet_for(device_name: str):
-    """The :class:`~dtlab.cost.hardware.GPUSpec` whose name appears in ``device_name``, or None."""
+    """The :class:`~dtlab.cost.hardware.GPUSpec` whose name appears in ``device_name``, or None.
+
+    The sheets are the SXM parts'. A PCIe or NVL card of the same name has less compute and
+    bandwidth (H100 PCIe: 756 TFLOP/s BF16 dense, 2.0 TB/s), so none is printed for it rather
+    than the wrong one."""
+    name = device_name.upper()
+    if "PCIE" in name or "NVL" in name:
+        return None
     for key, spec in DATASHEETS.items():
-        if key in device_name.upper():
+        if key in name:
             return spec
     return None
 

@@ -178,6 +178,13 @@ def seconds_per_step(step, steps: int, device: torch.device | str = "cpu") -> fl
 BLOCKING_RUNTIME = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
+def sync_idle_seconds(syncs_per_step: int, refill_s: float) -> float:
+    """Device idle per step that host syncs add: after each sync the queue is empty and the
+    device waits ``refill_s`` while the host issues the next kernel — a lower bound, since the
+    lead the host had built up before the sync is lost too."""
+    return syncs_per_step * refill_s
+
+
 def host_syncs_in_profile(events: list[dict]) -> list[int]:
     """Indices of the ``cpu_op`` events inside which the host waited for the device.
 

@@ -161,7 +161,9 @@ def elementwise_time_us_key(n: int, bytes_per_element: int, op: str, bandwidth: 
 def launch_bound_step_ms_key(ops: int, per_op_us: float, device_ms: float) -> float:
     """A step whose host issues ``ops`` ops at ``per_op_us`` each while the device needs
     ``device_ms``: the longer of the two, in ms (the host runs ahead until it cannot)."""
-    return max(ops * per_op_us / 1e3, device_ms)
+    from dtlab.perf.launch import launch_bound_step_seconds
+
+    return launch_bound_step_seconds(ops, per_op_us * 1e-6, device_ms * 1e-3) * 1e3
 
 
 def fused_speedup_key(rows: int, cols: int, bytes_per_element: int) -> float:
@@ -200,12 +202,16 @@ def compile_break_even_steps_key(
     cold_start_s: float, eager_step_s: float, compiled_step_s: float
 ) -> float:
     """Steps after which compiling has paid for its cold start: ``cold / (eager − compiled)``."""
+    from dtlab.perf.fusion import compile_break_even_steps
+
     if eager_step_s <= compiled_step_s:
         raise ValueError("the compiled step must be faster than the eager one to ever pay off")
-    return cold_start_s / (eager_step_s - compiled_step_s)
+    return compile_break_even_steps(cold_start_s, eager_step_s, compiled_step_s)
 
 
 def sync_idle_ms_key(syncs_per_step: int, refill_us: float) -> float:
     """Device idle per step from host syncs, in ms: after each sync the queue is empty and the
     device waits while the host issues the next kernel (``refill_us``)."""
-    return syncs_per_step * refill_us / 1e3
+    from dtlab.perf.syncs import sync_idle_seconds
+
+    return sync_idle_seconds(syncs_per_step, refill_us * 1e-6) * 1e3
