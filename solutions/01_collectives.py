@@ -653,7 +653,11 @@ shot_figure.update_layout(
     xaxis={"type": "log", "title": "all-reduce size (bytes)"},
     yaxis={"type": "log", "title": "α-β time (µs)"},
 )
-shot_figure
+dtlab.viz.describe(
+    shot_figure,
+    caption="One-shot pays one latency and (N−1)·M bytes: cheapest for small messages; the ring "
+    "pays 2(N−1) latencies and wins once bytes dominate; two-shot sits between them.",
+)
 
 # %% [markdown]
 # **In-network reduction.** With NVLS (NVLink SHARP) or SHARP in InfiniBand switches, the
@@ -727,7 +731,11 @@ ecmp_figure.update_layout(
     barmode="group",
     yaxis={"title": "slowdown (×) / idle share"},
 )
-ecmp_figure
+dtlab.viz.describe(
+    ecmp_figure,
+    caption="Hashing few large flows onto many uplinks collides: some links idle while the busiest "
+    "carries several flows; more queue pairs spread the load, adaptive routing and rails level it.",
+)
 
 # %% [markdown]
 # **Two levels.** A collective across nodes runs one collective per level: an all-gather of
@@ -757,11 +765,16 @@ level_figure.add_scatter(
     x=level_nodes, y=[level_rows[k].inter_s * 1e3 for k in level_nodes], name="network level"
 )
 level_figure.update_layout(
-    title="1 GiB all-gather over 8-GPU nodes: the network level overtakes NVLink at 5 nodes",
+    title="1 GiB all-gather over 8-GPU nodes: the network level overtakes NVLink at "
+    f"{nodes_where_network_limits('all_gather', 1 << 30)} nodes",
     xaxis={"type": "log", "title": "nodes"},
     yaxis={"title": "time of the level (ms)"},
 )
-level_figure
+dtlab.viz.describe(
+    level_figure,
+    caption="When the two levels pipeline, the step costs the slower level: NVLink at a few nodes, "
+    "the network once its share of the bytes grows with the node count.",
+)
 
 # %% [markdown]
 # **A network checklist.** When a multi-node job is slow or hangs, check the plumbing before the

@@ -584,9 +584,9 @@ check_exercise("moe.dispatch_splits", dispatch_splits, cluster)
 # and the generic checked all-to-all. Look for: the generic one, with a control all-gather before
 # each of its three exchanges, behind the exchange; the ratio of dtlab's exchange to the same over
 # `all_to_all_single` (at this lab size each exchange moves a few hundred kB, so fixed per-call
-# costs weigh most: the exchange posts a send and a receive per peer, each a call into gloo, where
-# `all_to_all_single` is one call); and the counted bytes equal to the formula from the routed
-# counts. Times on a shared 2-core machine vary from run to run; `dtlab bench moe` measures the
+# costs weigh most: on the counted path the exchange posts a send and a receive per peer, each a
+# call into the backend, where `all_to_all_single` is one call); and the counted bytes equal to
+# the formula from the routed counts. Times on a shared 2-core machine vary from run to run; `dtlab bench moe` measures the
 # default size.
 
 # %%
@@ -885,9 +885,9 @@ nodes.close()
 # Below, both schedules run on the cluster, interleaved round by round, on the same data; the
 # exposed time is what each rank spent posting and blocked in `wait`, on its clock. Look for:
 # equal outputs, and the exposed time of each schedule. On this CPU, mind what the transfer
-# costs: gloo's I/O thread copies every byte on a core, the same cores the compute uses (one
-# thread per rank here), so overlap hides less than on GPUs, where copy engines and NICs move
-# bytes without the compute units; on a busy 2-core machine it can even cost.
+# costs: the CPU backend's I/O thread copies every byte on a core, the same cores the compute
+# uses (one thread per rank here), so overlap hides less than on GPUs, where copy engines and NICs
+# move bytes without the compute units; on a busy 2-core machine it can even cost.
 
 # %%
 from dtlab.parallel.expert.overlap import measure_two_microbatch_overlap
