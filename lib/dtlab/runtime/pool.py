@@ -21,10 +21,12 @@ from dtlab.runtime.hang import dump_is_complete
 from dtlab.runtime.last_words import last_words, stderr_path, stderr_size
 from dtlab.runtime.worker import WorkerSpec, worker_main
 
-# Imported once in the forkserver, so each rank starts with torch already loaded.
+# Imported once in the forkserver, so each rank starts with torch already loaded (and, through
+# dtlab.runtime.preload, what torch.optim's first step would import in every rank).
 _PRELOAD = [
     "torch",
     "torch.distributed",
+    "dtlab.runtime.preload",
     "cloudpickle",
     "dtlab.runtime.payload",
     "dtlab.runtime.worker",
