@@ -546,6 +546,8 @@ for s in STRATEGIES:
         col=2,
     )
 fig.update_layout(template=dtlab.viz.DTLAB_TEMPLATE, barmode="group", height=340)
+fig.update_yaxes(title_text="kB sent", row=1, col=1)
+fig.update_yaxes(title_text="MFLOP (counted)", row=1, col=2)
 dtlab.viz.describe(
     fig,
     title="Distributed Muon on four ranks: replicated vs one owner per matrix",
