@@ -35,8 +35,8 @@ def roofline_chart(roofline, placed=(), datasheet=None) -> go.Figure:
                 mode="markers+text", text=[p.name for p in ops], textposition="top center",
                 name=f"{bound}-bound op (measured)", marker={"color": color, "size": 9},
             )  # fmt: skip
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", dtick=1)  # one label per decade
+    fig.update_yaxes(type="log", dtick=1)
     return describe(
         fig,
         title=f"Roofline of {roofline.device}: measured roofs and one step's ops",
@@ -54,8 +54,8 @@ def time_per_op_chart(points, floor_s: float) -> go.Figure:
                     mode="lines+markers", name="measured a + b")  # fmt: skip
     fig.add_scatter(x=[points[0][0], points[-1][0]], y=[floor_s * 1e6] * 2, mode="lines",
                     name="per-op floor", line={"dash": "dot"})  # fmt: skip
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    fig.update_xaxes(type="log", dtick=1)
+    fig.update_yaxes(type="log", dtick=1)
     return describe(
         fig,
         title="Time of one op as it shrinks",
