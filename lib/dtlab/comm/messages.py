@@ -78,7 +78,7 @@ def start_exchange(
     Counted from the posted messages on either path (point to point has no convention to
     fall back on), into ``comm_stats`` under ``"<op>_send"``/``"<op>_recv"`` (``op=None``:
     ``"send"``/``"recv"``). On transports that cannot keep single messages in flight
-    (NCCL, :attr:`dtlab.collectives.p2p.TorchTransport.streams`) the messages move as one
+    (NCCL, :attr:`dtlab.collectives.transport.TorchTransport.streams`) the messages move as one
     blocking step here and the handle is already done: no overlap, no deadlock.
     """
     peers = C.peers_of(comm.ranks)

@@ -23,7 +23,7 @@ in the same order; each micro-batch has its own receive buffers (``trace.labels(
 *Exposed* all-to-all time, measured on each rank's clock: the time spent in the (blocking) count
 exchanges, posting, and blocked in ``wait`` — the part of the transfers no compute covered.
 Sequentially it is the whole exchange. This runs on gloo over dtlab's counted messages, which really are asynchronous there;
-NCCL's point-to-point here is one blocking step (:class:`dtlab.collectives.p2p.TorchTransport`).
+NCCL's point-to-point here is one blocking step (:class:`dtlab.collectives.transport.TorchTransport`).
 
 :func:`measure_two_microbatch_overlap` runs both schedules interleaved on a cluster and reports
 the exposed time of each, the step time of each, and whether the outputs were equal.
