@@ -148,7 +148,8 @@ show(gpipe(4, 1))
 # cell follows rank 0 through the schedules (`dtlab.progress.track`, reported from the rank).
 #
 # The formulas assume every stage costs the same. The tiny GPT's compute is a millisecond or two
-# and noisy on shared cores, so each stage is wrapped in `FixedCost`: on top of the real work
+# and noisy on shared cores, so each stage is wrapped in `FixedCost`
+# (`dtlab.parallel.pipeline.fixed_cost`): on top of the real work
 # its forward sleeps 30 ms, the input-gradient part of its backward (I) 30 ms and the
 # weight-gradient part (W) 30 ms — `F = I = W`, a full backward `B = I + W = 2F` — divided by
 # `v` when a rank holds `v` smaller stages. (The first stage has no input to differentiate, so
@@ -160,42 +161,7 @@ show(gpipe(4, 1))
 
 
 # %%
-class SleepInBackward(torch.autograd.Function):
-    """Identity in forward; its backward sleeps a fixed time first."""
-
-    @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.seconds)
-        return grad, None
-
-
-class FixedCost(torch.nn.Module):
-    """A stage made to cost fixed times: its forward sleeps ``forward_s``; of its backward, the
-    input's gradient (I) sleeps ``input_s`` and the weights' gradient (W) ``weight_s``."""
-
-    def __init__(self, stage, forward_s: float, input_s: float, weight_s: float):
-        super().__init__()
-        self.stage, self.forward_s, self.input_s, self.weight_s = (
-            stage,
-            forward_s,
-            input_s,
-            weight_s,
-        )
-        self.clock = torch.nn.Parameter(torch.zeros(()))  # a weight whose gradient costs W
-
-    def forward(self, x):
-        time.sleep(self.forward_s)
-        if x.is_floating_point():  # on the path to the input's gradient only: B and I pay it
-            out = self.stage(SleepInBackward.apply(x, self.input_s))
-        else:  # the first stage has no input gradient: its B or W does the whole backward
-            out = SleepInBackward.apply(self.stage(x), self.input_s)
-        return out + SleepInBackward.apply(self.clock, self.weight_s)  # B and W pay this
-
+from dtlab.parallel.pipeline.fixed_cost import FixedCost  # the wrapper described above
 
 NAMES = ["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe_v"]
 STEPS = 2 if FAST else 5
