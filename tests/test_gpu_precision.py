@@ -127,7 +127,7 @@ def test_nvfp4_linear_on_cuda_matches_the_cpu_layer():
     for device in ("cpu", "cuda"):
         lin = torch.nn.Linear(64, 32).to(device)
         lin.load_state_dict(linear.state_dict())
-        xd = x.to(device).requires_grad_()
+        xd = x.detach().to(device).requires_grad_()  # a leaf on each device
         Nvfp4Linear.from_linear(lin, NVFP4_RECIPE)(xd).square().sum().backward()
         grads[device] = (xd.grad.cpu(), lin.weight.grad.cpu())
     for cpu_grad, cuda_grad in zip(grads["cpu"], grads["cuda"], strict=True):
@@ -140,6 +140,6 @@ def test_fp8_all_gather_training_runs_on_nccl_and_equals_the_one_process_referen
 
     with dtlab.Cluster(1, device="cuda") as cluster:
         r = cluster.run(train_with_gather, "fp8", 3, collectives="torch")[0]
-    reference = train_one_process("fp8", 1, 3)
+    reference = train_one_process("fp8", 1, 3, device="cuda")  # same device, same sums
     assert r["losses"] == pytest.approx(reference, abs=1e-3)
     assert r["formula_per_step"]["fp8_weights"] == 0  # one rank sends nothing

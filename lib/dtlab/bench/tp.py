@@ -39,6 +39,7 @@ def _measure_on_rank(model_size: str, steps: int, repeats: int, sequence_paralle
     from dtlab.parallel.tensor import (
         dtensor_loss_backward,
         dtensor_parallelize_gpt,
+        dtensor_param_groups,
         parallelize_gpt,
     )
 
@@ -53,7 +54,7 @@ def _measure_on_rank(model_size: str, steps: int, repeats: int, sequence_paralle
     theirs = dtensor_parallelize_gpt(
         GPT(config, seed=0).to(device), mesh.device_mesh["tp"], sequence_parallel
     )
-    theirs_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3)
+    theirs_opt = torch.optim.AdamW(dtensor_param_groups(theirs), lr=1e-3)  # foreach on CUDA
 
     def ours_step(i: int) -> None:
         tokens, targets = batches[i]

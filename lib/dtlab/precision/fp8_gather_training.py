@@ -101,13 +101,16 @@ def train_one_process(
     batch_size: int = 8,
     lr: float = 3e-3,
     seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> list[float]:
     """The reference: one process plays all ``world_size`` ranks — the weights each step are the
     FP32 masters rounded as the wire would carry them (BF16, or E4M3 with the whole weight's
     amax), each rank's rows run forward and backward on them, the gradients are averaged, and
-    AdamW steps the full FP32 weights. Returns the mean loss over ranks per step."""
+    AdamW steps the full FP32 weights. Returns the mean loss over ranks per step. ``device``: where
+    it runs; compare with ranks on the same kind of device (CPU and CUDA sum in other orders,
+    and an FP8 rounding flipped by that difference moves the loss by ~1e-3 within 3 steps)."""
     config = config or GPTConfig.tiny()
-    model = _fp8_model(config, seed)
+    model = _fp8_model(config, seed).to(device)
     masters = {n: p.detach().float().clone().requires_grad_() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(masters.values(), lr=lr, weight_decay=0.0)
     losses = []
@@ -122,7 +125,7 @@ def train_one_process(
         _load(model, weights)
         total = 0.0
         for rank in range(world_size):
-            x, y = shard_for_rank(batch, rank, world_size)
+            x, y = (t.to(device) for t in shard_for_rank(batch, rank, world_size))
             loss = loss_fn(model(x), y)
             (loss / world_size).backward()
             total += float(loss.detach()) / world_size

@@ -38,7 +38,9 @@ def allgather_attention(
     if positions_q.dim() != 1 or positions_k.dim() != 1:
         raise ValueError("all-gather attention takes positions of shape (S,), one per token")
     check_equal_shards(q, k, v, positions_q, positions_k, comm, "allgather")
-    everyone = torch.empty(comm.world_size * positions_k.numel(), dtype=positions_k.dtype)
+    everyone = torch.empty(
+        comm.world_size * positions_k.numel(), dtype=positions_k.dtype, device=positions_k.device
+    )
     comm.all_gather(everyone, positions_k.contiguous(), name="cp_positions")
     k_all, v_all = (gather_along(t.contiguous(), 2, comm) for t in (k, v))
     return math_attention(

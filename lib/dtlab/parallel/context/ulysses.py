@@ -77,7 +77,9 @@ def ulysses_attention(
     if positions_q.dim() != 1 or positions_k.dim() != 1:
         raise ValueError("Ulysses attention takes positions of shape (S,), one per token")
     check_equal_shards(q, k, v, positions_q, positions_k, comm, "ulysses")
-    everyone = torch.empty(comm.world_size * positions_k.numel(), dtype=positions_k.dtype)
+    everyone = torch.empty(
+        comm.world_size * positions_k.numel(), dtype=positions_k.dtype, device=positions_k.device
+    )
     comm.all_gather(everyone, positions_k.contiguous(), name="ulysses_positions")
     q_h, k_h, v_h = (_sequence_to_heads(t, comm) for t in (q, k, v))
     out = math_attention(q_h, k_h, v_h, everyone, everyone, causal=causal, dropout_p=dropout_p)

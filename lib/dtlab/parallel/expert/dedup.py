@@ -64,8 +64,11 @@ def _post(comm: Communicator, sends, recvs, name: str) -> int:
 def _exchange(comm: Communicator, out: dict[int, tuple], peers: list[int], name: str, width: int):
     """Send ``out[j] = (rows, meta)`` to each ``j`` in ``peers`` behind a one-word count message;
     returns ``({j: (rows, meta)}, bytes by kind)``."""
-    counts_in = {j: torch.empty(1, dtype=torch.int64) for j in peers}
-    counts_out = {j: torch.tensor([len(out[j][0])], dtype=torch.int64) for j in peers}
+    device = next(iter(out.values()))[0].device  # NCCL moves device tensors only
+    counts_in = {j: torch.empty(1, dtype=torch.int64, device=device) for j in peers}
+    counts_out = {
+        j: torch.tensor([len(out[j][0])], dtype=torch.int64, device=device) for j in peers
+    }
     sends, recvs = [(j, counts_out[j]) for j in peers], [(j, counts_in[j]) for j in peers]
     count_bytes = _post(comm, sends, recvs, f"{name}_counts")  # drawn with its wait: the host
     n_in = {j: int(counts_in[j]) for j in peers}  # needs the counts before it can size a buffer

@@ -34,7 +34,11 @@ from dtlab.parallel.tensor.blocks import (
     parallelize_mlp,
 )
 from dtlab.parallel.tensor.cross_entropy import vocab_parallel_cross_entropy
-from dtlab.parallel.tensor.dtensor_plan import dtensor_loss_backward, dtensor_parallelize_gpt
+from dtlab.parallel.tensor.dtensor_plan import (
+    dtensor_loss_backward,
+    dtensor_parallelize_gpt,
+    dtensor_param_groups,
+)
 from dtlab.parallel.tensor.embedding import VocabParallelEmbedding, padded_vocab_size
 from dtlab.parallel.tensor.layers import (
     SEQ_DIM,
@@ -77,6 +81,7 @@ __all__ = [
     "check_tensor_parallel",
     "column_parallel_linear",
     "dtensor_loss_backward",
+    "dtensor_param_groups",
     "dtensor_parallelize_gpt",
     "enter_region",
     "enter_region_on_input",

@@ -100,3 +100,19 @@ def dtensor_loss_backward(logits, targets: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
     return loss.full_tensor().detach()
+
+
+def dtensor_param_groups(model: nn.Module) -> list[dict]:
+    """``model``'s parameters as two optimizer groups: the DTensors, then the plain tensors.
+
+    Without SP the norms stay plain tensors beside the sharded DTensor weights, and a fused
+    (``foreach``) optimizer step over one mixed list raises "got mixed torch.Tensor and DTensor"
+    — torch's default on CUDA (seen on an H200, torch 2.11), not on CPU. Each group is stepped
+    by its own foreach call, so each list is of one kind; an empty group is left out.
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    kinds = ([p for p in params if isinstance(p, DTensor)],
+             [p for p in params if not isinstance(p, DTensor)])  # fmt: skip
+    return [{"params": group} for group in kinds if group]

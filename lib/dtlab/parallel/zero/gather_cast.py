@@ -46,7 +46,11 @@ def fp8_e4m3_gather_cast(shard: torch.Tensor, comm: Communicator) -> tuple[torch
     every rank; the shard is divided by it, saturated at ±448 and cast to E4M3; ``decode`` is
     ``q · scale`` in float32. A unit of all zeros uses scale 1.
     """
-    amax = shard.detach().abs().max().float() if shard.numel() else torch.zeros(())
+    amax = (
+        shard.detach().abs().max().float()
+        if shard.numel()
+        else torch.zeros((), device=shard.device)
+    )
     agreed = amax.expand(comm.world_size).clone().to(shard.device)
     comm.all_reduce(agreed, name="fp8_amax", op="max")
     top = float(agreed[0])

@@ -167,7 +167,11 @@ class ZeroOptimizer(MasterShardOptimizer):
         self.finish_gradient_synchronization()
         values = {}
         for seg, shard in zip(self.segments, self.grad_shards, strict=True):
-            mine = shard if shard is not None else torch.zeros(seg.shard_numel)
+            mine = (
+                shard
+                if shard is not None
+                else torch.zeros(seg.shard_numel, device=seg.params[0].device)
+            )
             full = torch.empty(seg.padded_numel, dtype=mine.dtype, device=mine.device)
             self.comm.all_gather(full, mine, name="gather_full_grads")
             values.update(
