@@ -4,6 +4,8 @@
   dimension) on torch's backend or dtlab's counted rings; blocking and non-blocking
   point-to-point; scalar reports as uncounted control messages. Spans carry the group,
   micro-batch and phase; bytes go to its :class:`~dtlab.collectives.stats.CommStats`.
+* :mod:`~dtlab.comm.point_to_point` — :class:`~dtlab.comm.point_to_point.PointToPoint`, the
+  communicator's base class: its ``send``/``recv``/``start_exchange``/``isend``/``irecv``.
 * :mod:`~dtlab.comm.messages` — point to point behind the communicator's ``send``/``recv``
   and ``start_exchange``: who sends what to whom, counted from the messages.
 * :mod:`~dtlab.comm.volumes` — the ring convention's bytes per collective (what the torch path

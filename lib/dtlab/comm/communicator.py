@@ -44,8 +44,9 @@ p2p layer's own, one per ring step.
 Point to point: :meth:`Communicator.send`/:meth:`~Communicator.recv` block;
 :meth:`~Communicator.start_exchange` (and :meth:`~Communicator.isend`/:meth:`~Communicator.irecv`)
 posts messages and returns a :class:`~dtlab.comm.pending.PendingMessages` to ``wait()`` on, so
-a ring or a pipeline can compute while its next block travels (:mod:`dtlab.comm.messages` holds
-how). Posted messages go through :mod:`dtlab.collectives.p2p` on either path, so their bytes are
+a ring or a pipeline can compute while its next block travels (the methods are those of the base
+class :class:`~dtlab.comm.point_to_point.PointToPoint`; :mod:`dtlab.comm.messages` holds how).
+Posted messages go through :mod:`dtlab.collectives.p2p` on either path, so their bytes are
 counted from the messages.
 
 Control messages: a scalar *report* — a loss averaged for printing, a gradient norm, a flag of
@@ -66,9 +67,10 @@ import torch.distributed as dist
 from dtlab import collectives as C
 from dtlab import trace
 from dtlab.collectives.stats import CommStats
-from dtlab.comm import background, messages
+from dtlab.comm import background
 from dtlab.comm.groups import group_containing
-from dtlab.comm.pending import Finished, PendingCollective, PendingMessages, refuse_overlap
+from dtlab.comm.pending import Finished, PendingCollective, refuse_overlap
+from dtlab.comm.point_to_point import PointToPoint
 from dtlab.comm.volumes import nbytes, ring_bytes_sent
 
 VIA = ("torch", "dtlab")
@@ -79,7 +81,7 @@ _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.re
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class Communicator:
+class Communicator(PointToPoint):
     """Collectives over one group, with the :class:`CommStats` of what moved.
 
     ``group`` is a torch process group (``None``: every rank); ``dim`` names it on spans (the
@@ -252,41 +254,6 @@ class Communicator:
         self.comm_stats.add_call("all_to_all", sent, nbytes(output) - mine, counted=False)
         with trace.cuda_span(name, kind="comm", nbytes=int(sent), **self.span_labels()):
             dist.all_to_all_single(output, tensor, output_splits, input_splits, group=self.group)
-
-    # -- point to point ----------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, to: int, name: str = "send") -> None:
-        """Send ``tensor`` to group rank ``to`` (blocking until the receiver has it)."""
-        messages.point_to_point(self, "send", tensor, to, name)
-
-    def recv(self, tensor: torch.Tensor, source: int | None = None, name: str = "recv") -> int:
-        """Receive into ``tensor`` from group rank ``source`` and return ``source``. ``None``
-        takes the next message from *any* rank and returns the group rank that sent it (torch's
-        path only: the counted layer matches every message to a named peer)."""
-        if source is None:
-            return messages.recv_from_anyone(self, tensor, name)
-        messages.point_to_point(self, "recv", tensor, source, name)
-        return source
-
-    def start_exchange(
-        self,
-        sends: Sequence[tuple[int, torch.Tensor]] = (),
-        recvs: Sequence[tuple[int, torch.Tensor]] = (),
-        *,
-        name: str,
-        op: str | None = None,
-    ) -> PendingMessages:
-        """Post every ``(group rank, tensor)`` send and receive now and return the handle to
-        ``wait()`` on before reading a received tensor or reusing a sent one; counted from the
-        posted messages (:func:`dtlab.comm.messages.start_exchange`)."""
-        return messages.start_exchange(self, sends, recvs, name, op)
-
-    def isend(self, tensor: torch.Tensor, to: int, name: str = "isend") -> PendingMessages:
-        """Start sending ``tensor`` to group rank ``to`` (see :meth:`start_exchange`)."""
-        return self.start_exchange(sends=[(to, tensor)], name=name)
-
-    def irecv(self, tensor: torch.Tensor, source: int, name: str = "irecv") -> PendingMessages:
-        """Start receiving group rank ``source``'s next message into ``tensor``."""
-        return self.start_exchange(recvs=[(source, tensor)], name=name)
 
     # -- control messages ---------------------------------------------------------------------
     def all_reduce_control(self, tensor: torch.Tensor, name: str, op: str = "sum") -> None:

@@ -3,8 +3,9 @@
 * :mod:`~dtlab.mesh.layout` — :class:`Layout`, pure arithmetic: validation, coordinates and the
   rank lists of every group, usable before any process exists.
 * :mod:`~dtlab.mesh.layout_rules` — does this layout fit this model? Every layout rule (tp, pp,
-  cp, ep against heads, layers, sequence, experts) and the one :func:`divisors`, used by the
-  planner, ``compose``, every parallel family and the labs; pure arithmetic too.
+  cp, ep against heads, layers, sequence, experts), used by the planner, ``compose``, every
+  parallel family and the labs; pure arithmetic too. The one :func:`divisors` (and how a rule
+  lists them as choices) sits below the rules in :mod:`~dtlab.mesh.divisors`.
 * :mod:`~dtlab.mesh.rank_arithmetic` — which global ranks form each group of a row-major mesh
   (any shape and order, as ``init_device_mesh`` builds it) and which groups leave a node: the
   reversed-shape bug that puts TP across nodes, printed by :func:`rank_table`.

@@ -52,23 +52,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from dtlab.mesh.divisors import choices, divisors
+
 CP_STYLES = ("ring", "zigzag", "ulysses", "allgather")
 """``ring`` and ``allgather`` cut ``cp`` contiguous chunks, ``zigzag`` ``2·cp`` head-tail ones,
 ``ulysses`` contiguous chunks re-sharded by heads."""
 
 LARGEST_CP_SUGGESTED = 64
 """Context-parallel degrees named as choices stop here: no published run goes beyond."""
-
-
-def divisors(n: int) -> list[int]:
-    """Every positive divisor of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def choices(options: list[int]) -> str:
-    """[1, 2, 4, 8] → '1, 2, 4 or 8'."""
-    words = [str(o) for o in options]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def degree_problems(**degrees: Any) -> list[str]:

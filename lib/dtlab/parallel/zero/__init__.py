@@ -21,7 +21,8 @@ state over the N ranks of the dp group, one piece at a time: optimizer state (st
    gathered buffer in use, and the reduce-scatter of its gradients (what a unit can do).
 8. :mod:`~dtlab.parallel.zero.fsdp_lifecycle` — the unit's lifecycle as one state machine
    (SHARDED → PREFETCHING → GATHERED_FOR_FORWARD → … → REDUCING → REDUCED): when it does it;
-   its states, events and transition table are :mod:`~dtlab.parallel.zero.fsdp_states`.
+   its states, events and transition table are :mod:`~dtlab.parallel.zero.fsdp_states`, one
+   unit's machine (:class:`UnitLifecycle`) is :mod:`~dtlab.parallel.zero.fsdp_unit_machine`.
 9. :mod:`~dtlab.parallel.zero.fsdp` — :class:`FullyShardedDataParallel`, stage 3: all-gather a
    unit just before forward and again before backward (with prefetch), reduce-scatter its
    gradients as soon as they exist: 1.5× DDP's bytes for 16Ψ/N bytes held.

@@ -38,7 +38,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dtlab.quiz.exercises import GradeResult, NotTheSkill, exercise
+from dtlab.quiz.exercises import GradeResult, exercise
+from dtlab.quiz.graders.tensor_parallel_checks import _calls as _calls
+from dtlab.quiz.graders.tensor_parallel_checks import (
+    _check_pass,
+    _gap,
+    _library_answers,
+    _refuse_library,
+)
+from dtlab.quiz.graders.tensor_parallel_checks import _sent as _sent
 from dtlab.quiz.graders.watch import noticing_calls, watching
 
 LINEAR_TOLERANCE = 1e-12  # fp64: t partial products summed in another order
@@ -58,62 +66,6 @@ NEVER_THE_LOGITS = (
     "the loss needs three numbers per token — the max, the sum of exp and the target's logit — "
     "each summed (or maxed) with dist.all_reduce; the logits themselves never leave their rank"
 )
-
-
-def _library_answers() -> dict[Callable, str]:
-    """The library's own TP layers and operators, and torch's uncounted collectives, by name."""
-    import torch.distributed._functional_collectives as functional
-
-    from dtlab.comm import autograd as comm_autograd
-    from dtlab.parallel.tensor import cross_entropy, layers, parallelize
-
-    answers = {
-        comm_autograd.copy_to_group: "dtlab.comm.copy_to_group",
-        comm_autograd.reduce_from_group: "dtlab.comm.reduce_from_group",
-        comm_autograd.gather_along: "dtlab.comm.gather_along",
-        comm_autograd.reduce_scatter_along: "dtlab.comm.reduce_scatter_along",
-        comm_autograd._CopyToGroup.forward: "dtlab.comm.copy_to_group",
-        comm_autograd._ReduceFromGroup.forward: "dtlab.comm.reduce_from_group",
-        layers.ColumnParallelLinear.forward: "dtlab.parallel.tensor.ColumnParallelLinear",
-        layers.RowParallelLinear.forward: "dtlab.parallel.tensor.RowParallelLinear",
-        layers.enter_region: "dtlab.parallel.tensor.enter_region",
-        layers.leave_region: "dtlab.parallel.tensor.leave_region",
-        cross_entropy.vocab_parallel_cross_entropy: "dtlab.parallel.tensor.vocab_parallel_cross_entropy",
-        cross_entropy._VocabParallelCrossEntropy.forward: "dtlab.parallel.tensor.vocab_parallel_cross_entropy",
-        parallelize.TensorParallel.loss: "dtlab.parallel.tensor.TensorParallel.loss",
-    }
-    for name in ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor"):
-        if hasattr(functional, name):
-            answers[getattr(functional, name)] = f"torch.distributed._functional_collectives.{name}"
-    return answers
-
-
-def _sent(summary: dict, world: int) -> float:
-    """Bytes this rank sent: ring convention for collectives, plus any point-to-point bytes."""
-    ring = sum(2 * (world - 1) / world * nbytes for _, _, nbytes, _ in summary["collectives"])
-    return ring + summary["p2p_bytes_sent"]
-
-
-def _calls(summary: dict) -> str:
-    found = [f"{name} of {nbytes:,} B" for name, _, nbytes, _ in summary["collectives"]]
-    return ", ".join(found) or "no collective"
-
-
-def _gap(got, want) -> float:
-    """Largest |got − want|, or infinity when ``got`` is missing or the wrong shape."""
-    import torch
-
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return float("inf")
-    return (got.detach().double() - want.double()).abs().max().item()
-
-
-def _refuse_library(used: list[str], what: str) -> None:
-    if used:
-        raise NotTheSkill(
-            f"your code calls {used[0]} — the library's own answer. Write {what} yourself from "
-            "torch operations and dist.all_reduce(tensor, group=group)"
-        )
 
 
 # -- the column- and row-parallel Linear ---------------------------------------------------------
@@ -201,19 +153,6 @@ def _check_gradients(r: dict, rank: int, hint: str) -> None:
                 f"rank {rank}: the gradient {name} differs from one process's by {r[name]:.3g} "
                 f"(tolerance {LINEAR_TOLERANCE:g}). {hint}"
             )
-
-
-def _check_pass(r: dict, rank: int, world: int, which: str, want_payload: int, why: str) -> float:
-    """The pass moved exactly one all-reduce of ``want_payload`` bytes (or none when 0)."""
-    summary = r[which]
-    sent, want = _sent(summary, world), 2 * (world - 1) / world * want_payload
-    payloads = [nbytes for _, _, nbytes, _ in summary["collectives"]]
-    if sent != want or payloads != ([want_payload] if want_payload else []):
-        raise NotTheSkill(
-            f"rank {rank}'s {which} pass ran {_calls(summary)}, sending {sent:,.0f} B; {why} "
-            f"— exactly {want:,.0f} B per rank"
-        )
-    return sent
 
 
 @exercise(
