@@ -40,6 +40,7 @@ import torch
 
 from dtlab.checkpoint.slices import Box, flat_indices, flat_range, positions_in, split_along
 from dtlab.comm import Communicator
+from dtlab.runtime import context
 
 METHODS = ("funnel", "broadcast", "reshard")
 
@@ -106,7 +107,7 @@ def sync_weights(
         raise ValueError(f"method={method!r} is not a way to sync; choose one of {METHODS}")
     import torch.distributed as dist
 
-    rank = dist.get_rank()
+    rank, device = dist.get_rank(), context.device()  # where engines receive (NCCL: the GPU)
     world = Communicator(collectives="dtlab", dim="world")
     slices: dict[str, torch.Tensor] = {}
     extra_bytes = 0
@@ -122,8 +123,10 @@ def sync_weights(
                     if rank == trainer:
                         world.send(shards[name].reshape(-1)[at_src].contiguous(), engine)
                     elif rank == engine:
-                        out = slices.setdefault(name, torch.empty(dest.lengths, dtype=dtype))
-                        piece = torch.empty(len(at_dest), dtype=out.dtype)
+                        out = slices.setdefault(
+                            name, torch.empty(dest.lengths, dtype=dtype, device=device)
+                        )
+                        piece = torch.empty(len(at_dest), dtype=out.dtype, device=device)
                         world.recv(piece, trainer)
                         out.view(-1)[at_dest] = piece
         return {"slices": slices, "bytes_sent": world.comm_stats.bytes_sent}
@@ -134,7 +137,7 @@ def sync_weights(
                 if rank == layout.trainers[0]:
                     world.send(whole[name], engine)
                 elif rank == engine:
-                    full = torch.empty(layout.shapes[name], dtype=dtype)
+                    full = torch.empty(layout.shapes[name], dtype=dtype, device=device)
                     world.recv(full, layout.trainers[0])
                     slices[name] = _slice(full, layout.engine_box(name, i))
     else:
@@ -146,7 +149,7 @@ def sync_weights(
                 full = (
                     whole[name]
                     if rank == group[0]
-                    else torch.empty(layout.shapes[name], dtype=dtype)
+                    else torch.empty(layout.shapes[name], dtype=dtype, device=device)
                 )
                 bcast.broadcast(full, name=f"sync {name}")
                 if rank != group[0]:
@@ -163,7 +166,10 @@ def _gather_to_first_trainer(layout: SyncLayout, shards, world: Communicator, ra
         for t, trainer in enumerate(layout.trainers):
             box = layout.trainer_box(name, t)
             if rank == first:
-                full = whole.setdefault(name, torch.empty(shape, dtype=shards[name].dtype))
+                mine = shards[name]
+                full = whole.setdefault(
+                    name, torch.empty(shape, dtype=mine.dtype, device=mine.device)
+                )
                 lo, n = box.offsets[0], box.lengths[0]
                 if trainer == first:
                     full.view(-1)[lo : lo + n] = shards[name].reshape(-1)

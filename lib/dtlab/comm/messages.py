@@ -57,6 +57,12 @@ def recv_from_anyone(comm: Communicator, tensor: torch.Tensor, name: str) -> int
             "receiving from any rank (source=None) needs collectives='torch': dtlab's counted "
             "layer posts every receive for a named peer; pass source=<group rank>"
         )
+    if dist.get_backend(comm.group) == "nccl":
+        raise ValueError(
+            "receiving from any rank (source=None) is not something NCCL can do: it matches "
+            "every receive to a named peer. Pass source=<group rank>, or run on gloo "
+            "(dtlab.Cluster(n, device='cpu'))"
+        )
     comm.comm_stats.add_call("recv", 0, nbytes(tensor), counted=False)
     with trace.cuda_span(name, kind="comm", nbytes=nbytes(tensor), **comm.span_labels()):
         sender = dist.recv(tensor, group=comm.group)

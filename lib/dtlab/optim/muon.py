@@ -161,7 +161,7 @@ def sharded_muon_updates(
     if strategy == "replicated":
         out = []
         for shard, shape in zip(momentum_shards, shapes, strict=True):
-            full = torch.empty(math.prod(shape), dtype=shard.dtype)
+            full = torch.empty(math.prod(shape), dtype=shard.dtype, device=shard.device)
             comm.all_gather(full, shard.contiguous(), name="muon all_gather")
             out.append(muon_update(full.view(shape)).reshape(-1).chunk(n)[me].clone())
         return out

@@ -84,6 +84,12 @@ def check_equal_shards(
             raise ValueError(
                 f"{_WHY[method][0]} takes {name} of shape (B, H, S, Dh); got {tuple(t.shape)}"
             )
+    for name, p in (("positions_q", positions_q), ("positions_k", positions_k)):
+        if p.device != q.device:  # they travel with the K/V blocks: NCCL moves device tensors
+            raise ValueError(
+                f"{_WHY[method][0]} takes {name} on q's device ({q.device}), got {p.device}: "
+                f"pass {name}.to(q.device) (shard_sequence returns them there)"
+            )
     mine = torch.tensor(
         [*q.shape, *k.shape, *v.shape, positions_q.numel(), positions_k.numel()],
         dtype=torch.int64,

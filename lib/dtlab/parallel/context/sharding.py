@@ -51,10 +51,11 @@ def shard_sequence(
     ``dim`` has no default because the sequence sits in different places: ``dim=1`` for token
     ids and activations ``(B, S)`` / ``(B, S, d)``, ``dim=2`` for attention's q, k, v
     ``(B, H, S, Dh)``. The wrong axis would cut heads or features without an error whenever
-    their size happens to divide evenly.
+    their size happens to divide evenly. The positions come on ``x``'s device: the model's
+    position embedding and the ring's K/V blocks (NCCL moves device tensors only) use them there.
     """
-    positions = shard_positions(x.shape[dim], cp, rank, style)
-    return x.index_select(dim, positions.to(x.device)), positions
+    positions = shard_positions(x.shape[dim], cp, rank, style).to(x.device)  # travel with K/V
+    return x.index_select(dim, positions), positions
 
 
 def unshard_sequence(shards: list[torch.Tensor], style: str = "zigzag", *, dim: int):

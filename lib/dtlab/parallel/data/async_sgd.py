@@ -15,7 +15,8 @@ exist. Synchronous DDP always has s = 0; with one worker async SGD is exactly se
 
 The messages go through a world :class:`~dtlab.comm.Communicator` (spans labelled ``ps``, bytes
 in its ``comm_stats``): the server receives from *any* worker (``recv(source=None)``, torch's path),
-which is what lets it serve whoever finishes first.
+which is what lets it serve whoever finishes first. gloo only: NCCL matches every receive to a
+named peer, so :func:`run_async_sgd` refuses it on every rank before any message moves.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
@@ -54,18 +56,24 @@ def run_async_sgd(
     ``loss_on_batch(model, step)`` returns a worker's loss for its ``step``-th local batch.
     On return rank 0's ``model`` holds the trained parameters; rank 0's result lists staleness.
     """
+    if dist.is_initialized() and dist.get_backend() == "nccl":  # every rank refuses, none waits
+        raise ValueError(
+            "asynchronous SGD's server receives from whichever worker pushes first (a receive "
+            "from any source), which NCCL cannot do: run it on gloo, "
+            "dtlab.Cluster(n, device='cpu'), with the model on the CPU"
+        )
     comm = Communicator(dim="ps")  # every rank: the server is rank 0
     world = comm.world_size
     if world < 2:
         raise ValueError("a parameter server needs at least 2 ranks: one server, one worker")
     params = [p for p in model.parameters() if p.requires_grad]
     flat = parameters_to_vector(params).detach()
-    message = torch.empty(flat.numel() + 1)  # [version, payload...]
+    message = flat.new_empty(flat.numel() + 1)  # [version, payload...]
     result = AsyncSGDResult()
     if comm.rank == 0:
         version = 0
         for worker in range(1, world):  # everyone starts from version 0
-            comm.send(torch.cat([torch.zeros(1), flat]), worker, name="send_parameters")
+            comm.send(torch.cat([flat.new_zeros(1), flat]), worker, name="send_parameters")
         for _ in range((world - 1) * steps_per_worker):
             sender = comm.recv(message, name="recv_gradient")  # from whoever pushes first
             result.staleness.append(version - int(message[0].item()))
@@ -73,7 +81,7 @@ def run_async_sgd(
             with trace.span("apply_gradient", kind="optimizer"):
                 flat.add_(message[1:], alpha=-lr)
                 version += 1
-            comm.send(torch.cat([torch.tensor([float(version)]), flat]), sender, "send_parameters")
+            comm.send(torch.cat([flat.new_tensor([version]), flat]), sender, "send_parameters")
         vector_to_parameters(flat, params)
         return result
     for step in range(steps_per_worker):

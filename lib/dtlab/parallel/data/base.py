@@ -27,6 +27,7 @@ from dtlab.parallel.gradient_sync import (
     queue_end_of_backward,
     trainable_parameters,
 )
+from dtlab.runtime import context
 
 __all__ = ["DataParallelBase"]
 
@@ -113,7 +114,7 @@ class DataParallelBase(nn.Module):
         raise NotImplementedError
 
     def _used_here(self) -> torch.Tensor:
-        device = self.params[0].device if self.params else torch.device("cpu")
+        device = self.params[0].device if self.params else context.device()  # NCCL: not CPU
         return torch.tensor(
             [p.grad is not None for p in self.params], dtype=torch.int32, device=device
         )

@@ -104,7 +104,7 @@ def dedup_dispatch(
     bit = torch.where(
         chosen, torch.bitwise_left_shift(torch.ones_like(experts), experts % per_node), 0
     )
-    tokens = torch.arange(len(x))
+    tokens = torch.arange(len(x), device=x.device)  # indexed by masks on x's device
 
     def node_rows(m: int) -> tuple[torch.Tensor, torch.Tensor]:
         mask = (bit * (dest_node == m)).sum(1)
@@ -124,7 +124,8 @@ def dedup_dispatch(
     meta_here = torch.cat([m for _, m in held])
     # 2. inside the node: to each rank of my node, the rows meant for its experts
     rank_bits = torch.bitwise_left_shift(
-        torch.full((g,), (1 << per_rank) - 1), per_rank * torch.arange(g)
+        torch.full((g,), (1 << per_rank) - 1, device=x.device),
+        per_rank * torch.arange(g, device=x.device),
     )
     wants = (meta_here[:, 2:3] & rank_bits) > 0  # (rows, g): which local ranks need each row
     mates = [node * g + q for q in range(g) if q != local]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from dtlab.comm import Communicator
+from dtlab.runtime import context
 
 
 def _sum_of_squares(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -42,7 +43,7 @@ def clip_sharded_grad_norm_(
     """
     shards = [g for g in grad_shards if g is not None]
     everything = shards + list(replicated)
-    device = everything[0].device if everything else torch.device("cpu")
+    device = everything[0].device if everything else context.device()  # NCCL: not the CPU
     total = _sum_of_squares(shards, device)
     (comm or Communicator(dim="dp")).all_reduce(total, name="grad_norm")
     total += _sum_of_squares(replicated, device)
