@@ -1,10 +1,18 @@
-"""The planner's stated GEMM-efficiency curve held against this GPU's measured BF16 matmuls.
+"""The planner's GEMM model (:mod:`dtlab.plan.gemm`: waves of 128 × 128 tiles on the SMs plus
+a 2 µs kernel latency) held against this GPU's measured BF16 matmuls.
 
-Skipped without CUDA; ``pytest -m gpu`` selects it. The curve in :mod:`dtlab.plan.constants`
-is a stated assumption, not fitted; on a lent GPU this checks its *shape* (small GEMMs sustain a
-smaller share of peak) and that it is the right order of magnitude at each size: measured and
-stated efficiency within a factor 1.6 of each other, with the measurements printed for the
-record. Throughput is timed with CUDA events after a warm-up, median of several repeats."""
+Skipped without CUDA; ``pytest -m gpu tests/test_gpu_plan_gemm_curve.py -s`` selects it and
+prints the record (graphed, eager, model) that :data:`dtlab.plan.constants.H200_GEMM_MEASURED`
+was copied from. Throughput is timed with CUDA events after a warm-up, ten products in one CUDA
+graph, median of 7.
+
+Tolerance: the model within a factor 1.45 of the measurement at every size. On the lent H200
+the measured ÷ model ratios over five runs in two sessions were 0.95–1.24 at 512³, 1.12–1.32 at
+1024³ (the model's worst: one wave of 64 tiles, half the SMs idle, runs faster than its share of
+``η_max``), 1.04–1.07 at 2048³, 1.02–1.09 at 4096³ and 0.95–1.06 at 8192³; the same size moved
+by up to 17 % between sessions (1024³: 0.305 then 0.36; 8192³: 0.77 then 0.69). 1.45 is the
+model's worst residual (1.32) plus a margin for that spread: a GPU outside it is evidence to
+re-measure ``t₀`` or ``η_max``, not noise."""
 
 from __future__ import annotations
 
@@ -66,27 +74,28 @@ def _measured_flops(n: int, repeats: int = 7, graphed: bool = True) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
-def test_measured_gemm_efficiency_follows_the_stated_curve():
+TOLERANCE = {512: 1.45, 1024: 1.45, 2048: 1.45, 4096: 1.45, 8192: 1.45}
+
+
+def test_measured_gemm_efficiency_follows_the_wave_model():
     from dtlab.cost import gpu
-    from dtlab.plan.compute import gemm_efficiency
+    from dtlab.plan.gemm import gemm_efficiency
 
     preset = _preset()
     if preset is None:
         pytest.skip(f"no preset for {torch.cuda.get_device_name()}")
     peak = gpu(preset).bf16_dense_flops
-    sizes = (512, 2048, 8192)
-    measured = [_measured_flops(n) / peak for n in sizes]
-    stated = [gemm_efficiency(preset, n, n, n) for n in sizes]
-    print({n: (round(m, 3), round(s, 3)) for n, m, s in zip(sizes, measured, stated, strict=True)})
+    measured = {n: _measured_flops(n) / peak for n in TOLERANCE}
+    model = {n: gemm_efficiency(preset, n, n, n) for n in TOLERANCE}
     record = {
         n: (
-            round(_measured_flops(n) / peak, 3),
+            round(_measured_flops(n) / peak, 3) if n not in measured else round(measured[n], 3),
             round(_measured_flops(n, graphed=False) / peak, 3),
             round(gemm_efficiency(preset, n, n, n), 3),
         )
-        for n in (256, 512, 1024, 4096)
+        for n in (256, *TOLERANCE)
     }
-    print("graphed, eager, stated:", record)  # fmt: skip
-    assert measured[0] < measured[-1]
-    for m, s in zip(measured, stated, strict=True):
-        assert s / 1.6 <= m <= s * 1.6
+    print(torch.cuda.get_device_name(), "graphed, eager, model:", record)  # fmt: skip
+    assert measured[512] < measured[2048]
+    for n, factor in TOLERANCE.items():
+        assert model[n] / factor <= measured[n] <= model[n] * factor, (n, measured[n], model[n])

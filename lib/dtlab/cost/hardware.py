@@ -110,6 +110,9 @@ class GPUSpec:
         nvlink: the GPU's NVLink, per direction.
         host_link: the GPU's PCIe link to host memory, per direction (what a device-to-host
             snapshot of the training state, e.g. for an asynchronous checkpoint, runs at).
+        sm_count: streaming multiprocessors, the units a GEMM's output tiles are spread over
+            in waves (:mod:`dtlab.plan.gemm`): A100 108, H100/H800/H200 SXM 132, B200 148
+            (NVIDIA A100 and H100 architecture whitepapers; Blackwell: 148 SMs per B200).
     """
 
     name: str
@@ -120,15 +123,16 @@ class GPUSpec:
     hbm_bandwidth_bytes_per_s: float
     nvlink: Link
     host_link: Link = PCIE_GEN5_X16
+    sm_count: int = 132
 
 
 A100_40GB = GPUSpec(
     "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40 * GB, 1555 * GB, NVLINK3_A100,
-    PCIE_GEN4_X16,
+    PCIE_GEN4_X16, sm_count=108,
 )  # fmt: skip
 A100_80GB = GPUSpec(
     "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 80 * GB, 2039 * GB, NVLINK3_A100,
-    PCIE_GEN4_X16,
+    PCIE_GEN4_X16, sm_count=108,
 )  # fmt: skip
 H100_SXM = GPUSpec(
     "H100 SXM5 80GB",
@@ -138,6 +142,7 @@ H100_SXM = GPUSpec(
     80 * GB,
     3350 * GB,
     NVLINK4_H100,
+    sm_count=132,
 )
 H200_SXM = GPUSpec(
     "H200 SXM 141GB",
@@ -147,6 +152,7 @@ H200_SXM = GPUSpec(
     141 * GB,
     4800 * GB,
     NVLINK4_H100,
+    sm_count=132,
 )
 
 H800_SXM = GPUSpec(
@@ -157,6 +163,7 @@ H800_SXM = GPUSpec(
     80 * GB,
     3350 * GB,
     NVLINK_H800,
+    sm_count=132,
 )
 B200 = GPUSpec(
     "B200 180GB",
@@ -167,6 +174,7 @@ B200 = GPUSpec(
     7700 * GB,
     NVLINK5_B200,
     PCIE_GEN5_X16,
+    sm_count=148,
 )
 
 GPUS: dict[str, GPUSpec] = {

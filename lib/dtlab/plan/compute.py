@@ -7,7 +7,7 @@ Sec. 2.1) — so ``6·N`` per token, the basis of MFU. The layers' share, ``N �
 is spread evenly over the ``L`` layers (DeepSeek-V3's three dense layers, ``3·d·18,432``, cost
 what its MoE layers' nine active experts do, ``9·3·d·2,048``). Each device does ``1/tp`` of its
 layers' work for the ``b·s/cp`` tokens of its micro-batch, at the efficiency of its GEMMs'
-shapes (:func:`gemm_efficiency`, constants in :mod:`dtlab.plan.constants`): QKV ``(n, d,
+shapes (:func:`dtlab.plan.gemm.gemm_efficiency`: waves of output tiles on the SMs): QKV ``(n, d,
 (w + 2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` —
 ``n = b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's
 routed experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens
@@ -49,23 +49,13 @@ from dtlab.cost import gpu
 from dtlab.plan.constants import (
     ATTENTION_EFFICIENCY,
     FP8_SUSTAINED_SCALE,
-    GEMM_HALF_SIZE,
-    GEMM_MAX_FRACTION,
     NON_GEMM_OVERHEAD,
     SCORE_PASSES,
 )
+from dtlab.plan.gemm import gemm_efficiency
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.stages import device_layer_counts, holds_head
-
-
-def gemm_efficiency(gpu_name: str, m: float, k: float, n: float) -> float:
-    """Fraction of the dense peak a ``(m × k) @ (k × n)`` GEMM sustains:
-    ``η_max / (1 + n₀/m + n₀/k + n₀/n)`` (:mod:`dtlab.plan.constants`)."""
-    if min(m, k, n) <= 0:
-        raise ValueError(f"GEMM sizes must be > 0, got m={m}, k={k}, n={n}")
-    peak_fraction = GEMM_MAX_FRACTION.get(gpu_name, 0.75)
-    return peak_fraction / (1 + GEMM_HALF_SIZE * (1 / m + 1 / k + 1 / n))
 
 
 def tokens_per_micro_batch(req: Requirements, plan: ParallelPlan) -> int:

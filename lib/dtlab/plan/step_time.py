@@ -5,7 +5,7 @@ device (stages need not be equal), this model adds up:
 
 * **compute** (:mod:`dtlab.plan.compute`): each micro-batch's forward ``F``, input-gradient
   backward ``B`` and weight-gradient backward ``W`` — linear layers at the efficiency their
-  GEMM shapes sustain (a stated curve, :mod:`dtlab.plan.constants`), causal attention at the
+  GEMM shapes sustain (waves of tiles on the SMs, :mod:`dtlab.plan.gemm`), causal attention at the
   flash kernels' efficiency, recomputation in ``B``;
 * **exposed communication** per mechanism (:mod:`dtlab.plan.exposed`: what hides each one and
   what shows) — TP's forward collectives (backward's hide behind the weight-gradient GEMMs),
@@ -94,7 +94,7 @@ class StepTime:
     attention_s: float = 0.0  # of compute_s, causal attention
     idle_s: float = 0.0
     mfu_attention: float = 0.0  # on 6N + causal attention
-    gemm_efficiency: float = 0.0  # the layer GEMMs' share of peak (shape curve)
+    gemm_efficiency: float = 0.0  # the layer GEMMs' share of peak (waves of tiles, plan.gemm)
 
     @property
     def tp_hideable_s(self) -> float:
