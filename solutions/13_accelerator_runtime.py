@@ -488,8 +488,8 @@ print(f"fixed step, 10 steps: {fixed_counts} — one loss read per 10 steps (+ t
 # difference. The lab GPT's step is *host-bound* there: the host spends ~18.5 µs launching each
 # op while each kernel runs for a few µs, so the queue is empty whenever the host reads a value
 # and a sync has nothing to wait for. A sync costs the queue's depth: it matters when the device
-# has work queued ahead — a model whose kernels outlast their launches, or a step replayed as a
-# CUDA graph (the same run replayed a small step in 85 µs against 1,370 µs eager) — and that is
+# has work queued ahead — a model whose kernels outlast their launches, or a step replayed as one
+# captured graph (the same run replayed a small step in 85 µs against 1,370 µs eager) — and that is
 # where the GPU suite's test plants one behind a long kernel and measures the wait.
 
 # %% [markdown]
