@@ -21,7 +21,8 @@
 # 7. what the all-to-all costs at scale, inside a node and across nodes;
 # 8. the dispatch at the node boundary: each token sent once per node, then fanned out inside it;
 # 9. dispatch and combine behind the other micro-batch's compute;
-# 10. rows per expert and GEMM efficiency, and why experts are spread with EP, not FSDP.
+# 10. rows per expert and GEMM efficiency, and why experts are spread with EP, not FSDP;
+# 11. parallel folding: the MoE layers' own mapping of the ranks, trained beside tensor parallel.
 
 # %%
 import math
@@ -1054,15 +1055,104 @@ print(
 # `tp·cp` ranks apart, and once `tp·cp` fills a node (TP kept on NVLink) every EP group has one
 # rank per node — every dispatch and combine all-to-all goes over the network, and EP can never
 # exceed dp. Folded, the all-to-all stays on NVLink and the expert gradients' all-reduce (edp) is
-# what crosses, once per step. On the ranks, `compose_gpt` now runs EP inside pipeline stages
-# (1F1B, each stage's experts over its own EP group), EP with context parallel for a router
-# that decides per token (no balancing loss, no capacity), and FSDP and sequence parallel with
-# pipeline stages, each equal to one process (`tests/test_compose_ep_folding.py`,
-# `test_compose_fsdp_pp.py`, `test_compose_sp_pp.py`); it still refuses EP with TP (the folded
-# mapping above is rank arithmetic, not yet a training step) and says what to change. Two byte counts that go with pipeline stages, per rank and step (formula,
-# the tests count them from real messages): FSDP over a stage gathers it once per step, as
-# torchtitan does, not around every micro-batch; sequence parallel sends the `S/t` shard
-# between stages.
+# what crosses, once per step.
+#
+# **The folded layout, trained.** `compose_gpt` runs it whenever `tp > 1`: attention and dense
+# MLPs tensor-parallel as in lab 04, the MoE layers' experts over EP groups of consecutive ranks
+# (`expert_parallel=` sets `ep`, which may now exceed `dp`). The residual stream is replicated
+# over a TP group, so each TP rank routes only its own `1/tp` slice of the sequence (with
+# sequence parallelism, its shard) and the outputs are all-gathered back: every token is routed
+# once. The router's gradient is then partial over tp (summed there), an expert's gradient sums
+# over `edp` and is divided by the `cp·dp` loss shards. Below, four CPU ranks (whatever this
+# machine has) train `Mesh(tp=2, dp=2)` with `ep = 2` (EP = the two TP groups) and `ep = 4`
+# (the whole stage, twice what carving from dp allows), beside one process on the same batches;
+# pretend a node holds 2 ranks. Look for: the losses equal to one process at every step, the EP
+# groups inside a node for `ep = 2`, and the all-to-all bytes counted on each rank.
+
+
+# %%
+def folded_steps(expert_parallel: int, steps: int) -> dict:
+    import torch.distributed as dist
+
+    from dtlab.mesh import Mesh
+    from dtlab.parallel.compose import compose_gpt
+
+    config = GPTConfig.tiny(seq_len=16, d_model=32, n_heads=4, vocab_size=64, dropout=0.0)
+    moe = MoEConfig(n_experts=4, top_k=2, every=2, aux_loss_weight=0.0, backend="loop")
+    factory = moe_mlp_factory(moe)  # no balancing loss: one loss for the whole batch
+    batches = SyntheticTokens(config, n_batches=steps, batch_size=4, seed=5)
+    reference = GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    composed = compose_gpt(
+        GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory), Mesh(tp=2, dp=2),
+        collectives="dtlab", expert_parallel=expert_parallel,
+    )  # fmt: skip
+    opt = torch.optim.SGD(composed.parameters(), lr=0.1)
+    losses, layer = [], moe_layers(composed.module)[0]
+    for x, y in batches:
+        ref_opt.zero_grad()
+        want = loss_fn(reference(x), y)
+        want.backward()
+        ref_opt.step()
+        opt.zero_grad()
+        losses.append((want.item(), composed.train_step(x, y)))
+        opt.step()
+        if len(losses) == 1:  # the first step's routing and bytes
+            kept, sent = layer.stats.kept_per_expert, layer.stats.all_to_all_bytes
+    return {
+        "rank": dist.get_rank(),
+        "losses": losses,
+        "groups": {"tp": composed.tp.comm.ranks, "ep": composed.folded.ep.ranks,
+                   "edp": composed.folded.edp.ranks},
+        "ep_rank": composed.coordinates["ep"],
+        "kept": kept,
+        "sent": sent,
+    }  # fmt: skip
+
+
+FOLD_STEPS = 3 if FAST else 10
+fold_cluster = dtlab.Cluster(4, device="cpu")
+runs = {ep: fold_cluster.run(folded_steps, ep, FOLD_STEPS) for ep in (2, 4)}
+fold_cluster.close()
+print("step | one process | folded ep=2 | folded ep=4 | largest gap")
+for step in range(FOLD_STEPS):
+    want = runs[2][0]["losses"][step][0]
+    got = [runs[ep][0]["losses"][step][1] for ep in (2, 4)]
+    print(f"{step:>4} | {want:.9f} | {got[0]:.9f} | {got[1]:.9f} | "
+          f"{max(abs(g - want) for g in got):.1e}")  # fmt: skip
+NODE = 2  # ranks per node, pretended
+for ep, results in runs.items():
+    print(
+        f"ep = {ep}: rank (node), its groups; step 0's dispatch+combine bytes, counted vs formula"
+    )
+    for r in results:
+        group = sorted((x for x in results if x["groups"]["ep"] == r["groups"]["ep"]),
+                       key=lambda x: x["ep_rank"])  # fmt: skip
+        want = dispatch_bytes_from_counts([x["kept"] for x in group], r["ep_rank"], 32, 8)
+        inside = {d: len({q // NODE for q in g}) == 1 for d, g in r["groups"].items()}
+        print(
+            f"  {r['rank']} ({r['rank'] // NODE}) | "
+            + " ".join(f"{d} {g}{'' if inside[d] else ' crosses'}" for d, g in r["groups"].items())
+            + f" | {r['sent']['dispatch']}+{r['sent']['combine']} B "
+            f"(formula {want.dispatch}+{want.combine})"
+        )
+
+# %% [markdown]
+# With `ep = 2` each EP group is a TP group — on one node — and only the edp all-reduce of the
+# expert gradients crosses; with `ep = 4` the all-to-all itself spans both nodes. The same rule
+# holds at scale: an EP group stays inside a node while `etp·ep ≤` ranks per node. The bytes
+# differ per rank because routing is uneven; each equals the formula from the routed counts.
+# A balancing loss is composed too: each TP rank routes a share of every sequence, so its
+# counts are summed over the `tp × cp` ranks that hold the same sequences, as Megatron-Core
+# does. Still refused, with what to change: EP with FSDP, and with `tp > 1` capacity (token
+# dropping) and DeepSeek-V3's bias step. Also composed, each equal to one process: the folded
+# layout with context parallel and inside pipeline stages, EP carved from dp inside pipeline
+# stages and with context parallel, and FSDP and sequence parallel with pipeline stages
+# (`tests/test_compose_ep_tp.py`, `test_compose_ep_folding.py`, `test_compose_fsdp_pp.py`,
+# `test_compose_sp_pp.py`). Two byte counts that go with pipeline stages, per rank and step
+# (formula, the tests count them from real messages): FSDP over a stage gathers it once per
+# step, as torchtitan does, not around every micro-batch; sequence parallel sends the `S/t`
+# shard between stages.
 
 # %%
 from dtlab.parallel.compose.sequence_pipeline import stage_boundary_bytes

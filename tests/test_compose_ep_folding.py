@@ -57,11 +57,10 @@ def test_expert_parallel_with_context_parallel_trains_like_one_process_for_a_per
         assert result["loss"] < TOLERANCE and result["grad_error"] < TOLERANCE, result
 
 
-def test_expert_parallel_with_context_parallel_refuses_a_balancing_loss_and_says_what_to_set(
-    cluster4,
-):
-    (result, *_) = cluster4.run(_ep_cp_on_rank, {**PER_TOKEN, "aux_loss_weight": 0.01})
-    assert "aux_loss_weight=0" in result["refused"] and "or cp=1" in result["refused"]
+def test_expert_parallel_with_context_parallel_refuses_capacity_and_says_what_to_set(cluster4):
+    # the balancing losses and the bias are composed (tests/test_compose_ep_cp_balance.py)
+    (result, *_) = cluster4.run(_ep_cp_on_rank, {**PER_TOKEN, "capacity_factor": 1.25})
+    assert "capacity_factor=None" in result["refused"] and "or cp=1" in result["refused"]
 
 
 def _ep_pp_on_rank(degrees: dict, n_micro: int = 2) -> dict:
@@ -122,8 +121,8 @@ CONFIG = GPTConfig.tiny(seq_len=16, d_model=32, n_heads=4, n_layers=4)
 @pytest.mark.parametrize(
     ("layout", "data_parallel", "says"),
     [
-        (Layout(dp=2, tp=2, ep=2), "ddp", "use tp=1 with ep > 1"),
         (Layout(dp=4, ep=2), "fsdp", "use data_parallel='ddp' with ep > 1"),
+        (Layout(dp=2, tp=2, ep=2), "hsdp", "use data_parallel='ddp' with ep > 1"),
     ],
 )
 def test_what_is_still_refused_with_experts_says_what_to_change(layout, data_parallel, says):
@@ -134,6 +133,7 @@ def test_what_is_still_refused_with_experts_says_what_to_change(layout, data_par
 
 
 def test_experts_with_pipeline_stages_or_context_and_fsdp_or_sp_with_pipeline_stages_are_accepted():
+    assert composed_layout_problems(CONFIG, Layout(dp=2, tp=2, ep=2), 4, n_experts=4) == []
     assert composed_layout_problems(CONFIG, Layout(dp=2, cp=2, ep=2), 4, n_experts=4) == []
     assert composed_layout_problems(CONFIG, Layout(pp=2, dp=2, ep=2), 4, n_experts=4) == []
     assert composed_layout_problems(CONFIG, Layout(pp=2, dp=2), 4, data_parallel="fsdp") == []

@@ -74,7 +74,8 @@ class MoEConfig:
             parallelism sums them over the data-parallel ranks and the step's micro-batches,
             :mod:`dtlab.parallel.expert.balance`; this forward's alone without one), or
             ``"sequence"`` (DeepSeek-V3's sequence-wise loss,
-            :func:`~dtlab.models.moe_router.sequence_aux_loss`).
+            :func:`~dtlab.models.moe_router.sequence_aux_loss`). Under context parallel every
+            scope counts whole sequences (:attr:`MoE.sequence_shards`).
         z_loss_weight: weight of the router z-loss (0 disables it).
         bias_balancing: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to
             the scores for the choice only, nudged by ``bias_update_rate`` after each step
@@ -186,6 +187,9 @@ class MoE(nn.Module):
         self.register_buffer("balancing_bias", torch.zeros(moe.n_experts, device=device))
         self.dispatcher = LocalDispatch()
         self.load_reducer = None  # "global" scope: counts (E,) -> the global batch's counts
+        # Context parallel: the ranks holding the other parts of these sequences, over which
+        # the balance loss sums its counts (dtlab.parallel.expert.balance.SequenceShards).
+        self.sequence_shards = None
         self.stats = MoEStats()
         self.routing: Routing | None = None
 
@@ -224,12 +228,19 @@ class MoE(nn.Module):
         return loss
 
     def balance_loss(self, routing: Routing) -> torch.Tensor:
-        """The unweighted balance loss of ``routing`` in this layer's ``aux_loss_scope``."""
-        scope, n = self.moe.aux_loss_scope, routing.n_experts
+        """The unweighted balance loss of ``routing`` in this layer's ``aux_loss_scope``.
+
+        With :attr:`sequence_shards` (context parallel: this rank holds a share of every
+        sequence) ``f`` counts the whole sequences — the counts summed over the shards — and
+        ``P`` stays this rank's own mean, so the shards' average is one process's loss."""
+        scope, n, shards = self.moe.aux_loss_scope, routing.n_experts, self.sequence_shards
         if scope == "sequence":
-            return sequence_aux_loss(routing.probs, routing.expert_index, n, self._seq_len)
+            return sequence_aux_loss(routing.probs, routing.expert_index, n, self._seq_len, shards)
         if scope == "global" and self.load_reducer is not None:
             counts = self.load_reducer(routing.tokens_per_expert)
+            return balance_loss_from_counts(routing.probs, counts, n)
+        if shards is not None:
+            counts = shards.sum(routing.tokens_per_expert)
             return balance_loss_from_counts(routing.probs, counts, n)
         return switch_aux_loss(routing.probs, routing.expert_index, n)
 

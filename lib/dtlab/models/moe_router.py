@@ -35,11 +35,23 @@ Losses (added to the model's loss through the block's ``aux_loss``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from dtlab.cost.moe import expert_capacity
+
+
+class CountSummer(Protocol):
+    """What sums a router's counts over the ranks holding the rest of each sequence: ``size``
+    ranks, ``sum(counts)`` (the model knows no parallelism; context parallelism supplies one,
+    :class:`dtlab.parallel.expert.balance.SequenceShards`)."""
+
+    size: int
+
+    def sum(self, counts: torch.Tensor) -> torch.Tensor: ...
+
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
@@ -170,17 +182,30 @@ def balance_loss_from_counts(
 
 
 def sequence_aux_loss(
-    probs: torch.Tensor, expert_index: torch.Tensor, n_experts: int, seq_len: int
+    probs: torch.Tensor,
+    expert_index: torch.Tensor,
+    n_experts: int,
+    seq_len: int,
+    shards: CountSummer | None = None,
 ) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss (eqs. 17–20): per sequence of ``seq_len``
     tokens, ``Σ_i f_i · P_i`` with ``f_i = E/(k·T) · #{t: i in top-k(t)}`` and ``P_i`` the mean
-    normalised score; averaged over sequences. 1 when every sequence is balanced."""
+    normalised score; averaged over sequences. 1 when every sequence is balanced.
+
+    Under context parallelism each rank holds ``seq_len`` of every sequence's
+    ``T = shards.size · seq_len`` tokens (``shards``:
+    :class:`~dtlab.parallel.expert.balance.SequenceShards`): ``f`` counts the whole sequence
+    (the ``(B, E)`` counts summed over the shards), ``P`` stays this rank's mean, whose average
+    over equal shards is the sequence's."""
     tokens, k = expert_index.shape
     if tokens % seq_len:
         raise ValueError(f"{tokens} tokens are not whole sequences of {seq_len}")
     sequences = tokens // seq_len
-    chosen = F.one_hot(expert_index.view(sequences, seq_len * k), n_experts).sum(1)
-    f = chosen.to(probs.dtype) * n_experts / (k * seq_len)
+    chosen = F.one_hot(expert_index.reshape(sequences, seq_len * k), n_experts).sum(1)
+    whole = seq_len
+    if shards is not None:
+        chosen, whole = shards.sum(chosen), seq_len * shards.size
+    f = chosen.to(probs.dtype) * n_experts / (k * whole)
     p = probs.view(sequences, seq_len, n_experts).mean(1)
     return (f * p).sum(1).mean()
 

@@ -10,7 +10,8 @@
 
 With pipeline stages: :mod:`~dtlab.parallel.compose.stage_fsdp` (FSDP gathering each stage once
 per step) and :mod:`~dtlab.parallel.compose.sequence_pipeline` (stages exchanging sequence
-shards); :mod:`~dtlab.parallel.compose.folding` is MoE parallel folding's two rank mappings.
+shards); :mod:`~dtlab.parallel.compose.folding` is MoE parallel folding's two rank mappings,
+:mod:`~dtlab.parallel.compose.fold_experts` trains the MoE layers on them (EP with TP).
 
 Beside them: :mod:`~dtlab.parallel.compose.checks` (what can be composed, before any rank
 starts), :mod:`~dtlab.parallel.compose.groups` (HSDP's groups, the one flat all-reduce) and

@@ -32,6 +32,9 @@ def place_composed(
     mesh = composed.mesh
     names = list(composed.parameters_by_name)
     degrees = {d: getattr(mesh, f"{d}_size") for d in ("pp", "dp", "cp", "tp", "ep", "edp")}
+    folded = composed.folded is not None
+    if folded:  # the MoE layers' own mapping of the same ranks
+        degrees |= composed.folded.degrees
     if composed.hsdp_shard:  # sharded inside the block, replicated across: dp splits in two
         degrees["dp_shard"] = composed.hsdp_shard
         degrees["dp_replicate"] = mesh.dp_size // composed.hsdp_shard
@@ -43,7 +46,8 @@ def place_composed(
         dp_sharded=set(names) if composed.fsdp or composed.stage_shards else set(),
         tied={"embed.weight", "lm_head.weight"} if tied and mesh.pp_size > 1 else set(),
         hybrid=bool(composed.hsdp_shard),
-        expert={n for n in names if is_expert_param(n)} if mesh.layout.ep > 1 else set(),
+        expert={n for n in names if is_expert_param(n)} if mesh.layout.ep > 1 or folded else set(),
+        folded=folded,
     )
 
 

@@ -5,10 +5,13 @@ over a ``pp × dp × cp × tp`` mesh, in the order production code applies them 
 1. **tensor (and sequence) parallel** inside each block, over ``tp`` (:func:`parallelize_gpt`);
 2. **context parallel** attention over ``cp`` (:func:`parallelize_context`);
 3. **pipeline stages** over ``pp`` (:func:`pipeline_gpt`, any schedule);
-4. **expert parallel** (a mixture-of-experts GPT): experts sharded over ``ep``, carved out of
-   ``dp`` (:func:`parallelize_experts`); expert gradients summed over ``edp`` and divided by dp;
-   inside pipeline stages too, and with ``cp`` for a router that decides per token
-   (:func:`~dtlab.parallel.compose.checks.per_token_router_problems`);
+4. **expert parallel** (a mixture-of-experts GPT): with ``tp = 1``, experts sharded over
+   ``ep``, carved out of ``dp`` (:func:`parallelize_experts`); expert gradients summed over
+   ``edp`` and divided by dp; inside pipeline stages too, and with ``cp`` for a router that
+   decides per token (:func:`~dtlab.parallel.compose.checks.per_token_router_problems`). With
+   ``tp > 1`` (or ``expert_parallel=`` given) the MoE layers train on the *folded* mapping —
+   EP groups of consecutive ranks over tp × cp × dp, each TP rank routing its own tokens
+   (:mod:`~dtlab.parallel.compose.fold_experts`); ``ep`` may then exceed dp;
 5. **data parallel** outermost over ``dp``: replicas whose gradients are all-reduced
    (``"ddp"``), FSDP shards (``"fsdp"``), or HSDP — FSDP inside groups of ``hsdp_shard``
    consecutive dp ranks (default: those on one node, :meth:`Mesh.node_of`), replicas
@@ -48,6 +51,12 @@ from dtlab.parallel.compose.checks import (
     check_composition,
     per_token_router_problems,
 )
+from dtlab.parallel.compose.fold_experts import (
+    FoldedExperts,
+    fold_experts,
+    folded_problems,
+    uses_folding,
+)
 from dtlab.parallel.compose.groups import hsdp_groups, node_share_of_dp
 from dtlab.parallel.compose.placement import Placement
 from dtlab.parallel.compose.sequence_pipeline import sequence_parallel_pipeline
@@ -55,6 +64,7 @@ from dtlab.parallel.compose.stage_fsdp import StageShards
 from dtlab.parallel.compose.step import ComposedStep
 from dtlab.parallel.context import parallelize_context
 from dtlab.parallel.expert import parallelize_experts
+from dtlab.parallel.expert.balance import count_like_one_process
 from dtlab.parallel.pipeline import PipelineExecutor, Schedule, pipeline_gpt
 from dtlab.parallel.tensor import TensorParallel, parallelize_gpt
 from dtlab.parallel.zero.fsdp import FullyShardedDataParallel
@@ -79,7 +89,9 @@ class ComposedGPT(ComposedStep, ComposedAccount):
     stage_shards: StageShards | None = None  # FSDP/HSDP with pipeline stages
     mesh_communicators: dict[str, Communicator] = field(default_factory=dict)
     """One communicator along each mesh dimension (``dp``, ``cp``, ``tp``, ``pp``; ``ep`` and
-    ``edp`` with experts), made first; the mechanisms and the step run on them."""
+    ``edp`` with experts — the folded mapping's with ``tp > 1``, plus ``tp_cp`` for the routers'
+    counts when both ``tp`` and ``cp`` exceed 1), made first; the mechanisms and the step run on
+    them."""
     parameters_by_name: dict[str, nn.Parameter] = field(default_factory=dict)
     """Full-model name → this rank's trainable parameter (each tensor once), made once when
     applying, after the last wrapper: :func:`name_parameters`."""
@@ -89,6 +101,7 @@ class ComposedGPT(ComposedStep, ComposedAccount):
     tp_shard_dims: dict[str, int] = field(default_factory=dict)
     """Name → dimension split over tp, under every name a tensor has (a tied head included)."""
     tp_vocab_names: frozenset[str] = frozenset()  # split along the (padded) vocabulary
+    folded: FoldedExperts | None = None  # MoE layers on the folded etp × ep × edp mapping
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """This rank's trainable parameters with their full-model names (each tensor once)."""
@@ -104,6 +117,8 @@ class ComposedGPT(ComposedStep, ComposedAccount):
         coordinates = {
             d: getattr(self.mesh, f"{d}_rank") for d in ("pp", "dp", "cp", "tp", "ep", "edp")
         }
+        if self.folded is not None:
+            coordinates |= self.folded.coordinates
         if self.hsdp_shard:
             coordinates["dp_shard"] = self.mesh.dp_rank % self.hsdp_shard
             coordinates["dp_replicate"] = self.mesh.dp_rank // self.hsdp_shard
@@ -145,26 +160,53 @@ def compose_gpt(
     schedule: Schedule | None = None,
     hsdp_shard: int | None = None,
     collectives: str = "torch",
+    expert_parallel: int | None = None,
 ) -> ComposedGPT:
     """Apply TP → CP → PP → DP to ``model`` (the same full GPT on every rank) over ``mesh``.
 
     ``collectives="dtlab"`` runs every collective on dtlab's counted rings, so each
     communicator's ``comm_stats`` (``composed.communicators[group].comm_stats``) holds measured
-    bytes.
+    bytes. ``expert_parallel``: the MoE layers' EP degree on the folded mapping (default the
+    mesh's ``ep``; folded whenever ``tp > 1``), which may exceed dp — ``Mesh(tp=2, dp=2)`` with
+    ``expert_parallel=4`` puts all four experts' blocks on the four ranks of the stage.
     """
     check_composition(mesh, data_parallel, sequence_parallel, schedule)
     experts = {m.experts.n_experts for m in moe_layers(model)}
-    raise_problems(per_token_router_problems(mesh.layout, [m.moe for m in moe_layers(model)]))
+    moe_configs = [m.moe for m in moe_layers(model)]
+    folded = uses_folding(model, mesh, expert_parallel)
+    ep = expert_parallel or mesh.layout.ep
+    if folded:
+        raise_problems(
+            folded_problems(
+                mesh.layout,
+                ep,
+                min(experts),
+                moe_configs,
+                given=expert_parallel is not None,
+                data_parallel=data_parallel,
+            )
+        )
+    raise_problems(per_token_router_problems(mesh.layout, moe_configs))
     check_composed_layout(
         model.config, mesh.layout, dist.get_world_size(), ranks_per_node=mesh.ranks_per_node,
         cp_style=cp_style, n_experts=min(experts) if experts else None,
         data_parallel=data_parallel, sequence_parallel=sequence_parallel,
     )  # fmt: skip
     along = {d: Communicator.along(mesh, d, collectives) for d in ("dp", "cp", "tp", "pp")}
-    if mesh.layout.ep > 1:
+    moe_side = None
+    if folded:  # before TP: the blocks then leave the split MoE layers whole
+        moe_side = fold_experts(
+            model, mesh, ep, along["tp"], sequence_parallel, collectives, along["dp"], along["cp"]
+        )
+        if moe_side.shards.dim == "tp_cp":
+            along["tp_cp"] = moe_side.shards
+        along["ep"], along["edp"] = moe_side.ep, moe_side.edp
+    elif mesh.layout.ep > 1:
         along["ep"] = Communicator.along(mesh, "ep", collectives)
         along["edp"] = Communicator.along(mesh, "edp", collectives)
         parallelize_experts(model, along["ep"])
+    if moe_configs and not folded:  # routers count what one process counts: over cp (and dp)
+        count_like_one_process(model, along["cp"], along["dp"])
     tied = model.lm_head.weight is model.embed.weight
     tp = None
     if mesh.tp_size > 1:
@@ -172,11 +214,14 @@ def compose_gpt(
     if mesh.cp_size > 1:
         parallelize_context(model, along["cp"], cp_style)
     composed = ComposedGPT(mesh, model, data_parallel, cp_style, tp=tp, mesh_communicators=along)
-    partial_names: set[str] = set()
+    composed.folded = moe_side
+    partial_names: set[str] = set(moe_side.partial_names) if moe_side else set()
     if tp is not None:  # names now: FSDP below replaces the tensors with its shard views
         if sequence_parallel:
             partial = tp.partial_grads
-            partial_names = {n for n, p in model.named_parameters() if any(p is q for q in partial)}
+            partial_names |= {
+                n for n, p in model.named_parameters() if any(p is q for q in partial)
+            }
         composed.tp_shard_dims = _with_tied_head(tp.shard_dims, tied)
         composed.tp_vocab_names = _with_tied_head(tp.vocab_names, tied)
     if mesh.pp_size > 1:

@@ -9,11 +9,16 @@ choose instead:
   divides the sequence (``2·cp`` chunks for zig-zag); EP divides the experts;
 * TP stays inside a node (:func:`dtlab.mesh.layout_rules.node_problems`: its collectives sit
   between every layer's matmuls and need NVLink);
-* what :func:`~dtlab.parallel.compose.compose_gpt` cannot compose (EP with TP or FSDP; EP with
-  CP only for a per-token router, :func:`per_token_router_problems`; EP with DDP and pipeline
-  stages is composed): :func:`unsupported_combinations`, the one list both
-  :func:`composed_layout_problems` (before any process starts) and :func:`check_composition`
-  (inside ``compose_gpt``, on the ranks) read.
+* what :func:`~dtlab.parallel.compose.compose_gpt` cannot compose: EP with FSDP or HSDP (expert
+  weights are reduced over ``edp``, which dtlab's FSDP does not shard) —
+  :func:`unsupported_combinations`, the one list both :func:`composed_layout_problems` (before
+  any process starts) and :func:`check_composition` (inside ``compose_gpt``, on the ranks) read.
+  EP with DDP is composed with pipeline stages, with CP for a router that decides per token
+  (:func:`per_token_router_problems`), and with TP on the folded mapping (EP groups of
+  consecutive ranks over tp × cp × dp, each TP rank routing its own tokens; balancing losses
+  too, but with ``tp > 1`` neither capacity nor the bias step —
+  :func:`~dtlab.parallel.compose.fold_experts.folded_problems`, checked on the ranks where the
+  model's MoE configs are known).
 
 The first three are :mod:`dtlab.mesh.layout_rules`' rules (their one home); only the last is this
 file's own.
@@ -34,13 +39,6 @@ def unsupported_combinations(
     problems = []
     if data_parallel not in DATA_PARALLEL:
         problems.append(f"data_parallel={data_parallel!r}; choose one of {DATA_PARALLEL}")
-    if layout.ep > 1 and layout.tp > 1:
-        problems.append(
-            f"ep={layout.ep} with tp={layout.tp}: compose_gpt carves EP out of dp only, and its "
-            "tensor parallel does not split MoE layers; use tp=1 with ep > 1 (the folded "
-            "mapping that carves EP out of tp × dp is dtlab.parallel.compose.folding's "
-            "FoldedMapping — its groups, not yet its training step)"
-        )
     if layout.ep > 1 and data_parallel != "ddp":
         problems.append(
             f"ep={layout.ep} with data_parallel={data_parallel!r}: expert weights are reduced "
@@ -50,26 +48,33 @@ def unsupported_combinations(
 
 
 def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
-    """EP with CP: a context-parallel rank holds a share of each sequence, so whatever a router
-    computes over *all* its tokens — the balancing losses, the capacity, the bias step's counts
-    — would be taken over a different set of tokens than one process takes. Composed only for a
-    router whose every output depends on its own token (dropless, no balancing loss or bias);
-    Megatron instead all-reduces the counts over its tp × cp group."""
-    if layout.ep == 1 or layout.cp == 1:
-        return []
-    per_token = all(
-        (m.aux_loss_weight, m.z_loss_weight, m.capacity_factor, m.bias_balancing)
-        == (0, 0, None, False)
-        for m in moe_configs
-    )
-    if per_token:
-        return []
-    return [
-        f"ep={layout.ep} with cp={layout.cp}: each context-parallel rank routes a share of every "
-        "sequence, so balancing losses, capacity and bias counts would be taken over other tokens "
-        "than one process takes; use MoEConfig(aux_loss_weight=0, z_loss_weight=0, "
-        "capacity_factor=None, bias_balancing=False) with cp > 1, or cp=1"
-    ]
+    """What the routers cannot count as one process does on this layout (on the carved-out
+    mapping; the folded one has :func:`~dtlab.parallel.compose.fold_experts.folded_problems`).
+
+    With CP a rank holds a share of every sequence. The balancing losses and the bias step are
+    composed: their counts are summed over ``cp`` (and ``dp`` for the global scope and the bias)
+    by :func:`dtlab.parallel.expert.balance.count_like_one_process`, the z-loss is a per-token
+    mean. **Capacity is refused**: which assignments one process drops depends on their place
+    among all ``B·S`` tokens, and a CP rank sees an interleaved subset (zig-zag chunks), so it
+    would drop other assignments. The ``"global"`` scope is refused with pipeline stages: its
+    running count is cleared before each forward of the whole model, which a pipeline step never
+    calls."""
+    problems = []
+    dropping = sorted({m.capacity_factor for m in moe_configs if m.capacity_factor is not None})
+    if layout.cp > 1 and dropping:
+        problems.append(
+            f"capacity_factor={dropping[0]} with cp={layout.cp}: one process drops assignments by "
+            "their place among all B·S tokens of the micro-batch, and each context-parallel rank "
+            "holds an interleaved share of every sequence, so it would drop other assignments; "
+            "use MoEConfig(capacity_factor=None) (dropless) with cp > 1, or cp=1"
+        )
+    if layout.pp > 1 and any(m.aux_loss_scope == "global" for m in moe_configs):
+        problems.append(
+            f"aux_loss_scope='global' with pp={layout.pp}: the global count is cleared before "
+            "each forward of the whole model, which pipeline stages never run; use "
+            "aux_loss_scope='micro_batch' or 'sequence' with pp > 1, or pp=1"
+        )
+    return problems
 
 
 def check_composition(mesh, data_parallel: str, sequence_parallel: bool, schedule) -> None:

@@ -18,7 +18,8 @@ dimension innermost (consecutive ranks), so a small ``etp · ep`` is a block of 
 one node when ``etp · ep`` ≤ ranks per node — whatever ``tp``, ``cp`` and ``dp`` are.
 
 **Why EP carved out of DP lands across nodes.** Without folding (:mod:`dtlab.mesh.layout`,
-Megatron before folding, what :func:`~dtlab.parallel.compose.compose_gpt` runs) an EP group is
+Megatron before folding, what :func:`~dtlab.parallel.compose.compose_gpt` runs for ``tp = 1``
+and a mesh's ``ep``) an EP group is
 ``ep`` consecutive *dp* indices at the same ``tp``/``cp`` coordinates: ranks ``tp·cp`` apart.
 Once ``tp · cp`` fills a node — the usual choice, TP kept on NVLink — every EP group has one rank
 per node, and each dispatch and combine all-to-all crosses the slow network. Folding lets EP take
@@ -29,10 +30,15 @@ and EP is no longer bounded by ``dp`` (``ep ≤ dp`` unfolded; ``ep ≤ tp · cp
 expert GEMM over an already small per-expert batch; fine-grained experts (DeepSeek-V3's
 ``d_ff = 2048``) are kept whole and only EP spreads them — the paper's and Megatron's default.
 With ``tp > 1`` Megatron runs MoE layers under sequence parallelism, so the ranks of a tp group
-hold different tokens and an EP group over them dispatches distinct tokens.
+hold different tokens and an EP group over them dispatches distinct tokens; dtlab does the same,
+and without sequence parallelism gives each TP rank a ``1/tp`` slice of the replicated sequence
+(:mod:`dtlab.parallel.expert.tensor_split`).
 
-This file is the mapping only — groups, node crossings, the per-rank table the lab prints; the
-ranks train a folded layout nowhere yet (``compose_gpt`` refuses ``ep`` with ``tp``, and says so).
+This file is the mapping only — groups, node crossings, the per-rank table the lab prints. The
+ranks train it in :func:`~dtlab.parallel.compose.compose_gpt` whenever ``tp > 1`` (or
+``expert_parallel=`` is given): :mod:`~dtlab.parallel.compose.fold_experts` makes the ``ep`` and
+``edp`` groups from :meth:`FoldedMapping.groups` with ``etp = 1`` — equal to one process under
+tp × dp, tp × cp and tp × pp (``tests/test_compose_ep_tp.py``). ``etp > 1`` is not trained.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ dp      a *replica* (DDP, ZeRO-1/2: gradient averaged over dp) or a *shard* (FSD
 pp      absent on the other stages — except the tied embedding, held by the first and the last
         stage and summed over their embedding group (Megatron)
 ep      expert weights only: a different expert per rank; averaged over ``edp`` instead of dp
+        (with tensor parallel the ``ep``/``edp`` groups are the folded mapping's, over
+        tp × cp × dp: :mod:`~dtlab.parallel.compose.fold_experts`)
 ======  =====================================================================================
 
 **Global norm for clipping.** ``||g||² = Σ`` over *distinct* elements of ``g²``. Each rank adds
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from dtlab.comm import Communicator
+from dtlab.runtime import context
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,17 @@ def place_parameters(
     tied: set[str] = frozenset(),
     expert: set[str] = frozenset(),
     hybrid: bool = False,
+    folded: bool = False,
 ) -> dict[str, Placement]:
     """Placements of ``names`` on a mesh of ``degrees`` (``{"pp": 2, "dp": 2, ...}``; a degree
     of 1 drops its dimension). ``tp_sharded``: names split over tp; ``tp_partial``: replicated
     over tp with partial gradients (sequence parallel); ``dp_sharded``: names FSDP shards over
     dp; ``tied``: names tied across the first and last pipeline stage; ``expert``: expert
     weights (sharded over ``ep``, reduced over ``edp``). ``hybrid`` (HSDP): the dp group is
-    ``dp_shard`` × ``dp_replicate`` (give both degrees): sharded inside, replicated across."""
+    ``dp_shard`` × ``dp_replicate`` (give both degrees): sharded inside, replicated across.
+    ``folded`` (MoE parallel folding): the ``ep`` and ``edp`` groups are another mapping of the
+    stage's tp × cp × dp ranks, so an expert weight is placed by them alone — sharded over
+    ``ep``, replicated and reduced over ``edp`` — not by tp, cp or dp."""
 
     def active(*dims: str) -> tuple[str, ...]:
         return tuple(d for d in dims if degrees.get(d, 1) > 1)
@@ -80,6 +87,10 @@ def place_parameters(
     placements = {}
     for name in names:
         sharded, replicated, reduced = [], [], []
+        if folded and name in expert:
+            sharded, replicated = [*active("ep"), *active("pp")], list(active("edp"))
+            placements[name] = Placement(name, tuple(sharded), tuple(replicated), active("edp"))
+            continue
         (sharded if name in tp_sharded else replicated).extend(active("tp"))
         if name in tp_partial:
             reduced.extend(active("tp"))
@@ -116,7 +127,7 @@ def global_grad_norm(
     (default: the world, which must hold every piece of the model). One scalar all-reduce; the
     squares are summed in fp64 so the sum's order (which rank adds what) does not show."""
     grads = [(n, g) for n, g in named_grads if g is not None]
-    device = grads[0][1].device if grads else torch.device("cpu")
+    device = grads[0][1].device if grads else context.device()  # NCCL takes device tensors
     total = torch.zeros(1, dtype=torch.float64, device=device)
     for name, grad in grads:
         if placements[name].counted_here(coordinates):

@@ -2,9 +2,12 @@
 
 What moves where in one :meth:`ComposedStep.train_step`, beyond each mechanism's own traffic
 (Megatron's f/g all-reduces over tp, the K/V ring over cp, activations point to point over pp,
-FSDP's all-gathers and reduce-scatters over dp): after backward, the sequence-parallel partial
-gradients are summed over tp, every gradient is averaged over cp (each CP rank saw different
-tokens of the same sequences), then over dp (``"ddp"``: one flat all-reduce; FSDP reduced while
+FSDP's all-gathers and reduce-scatters over dp): after backward, the partial gradients are
+summed over tp (sequence parallel's replicated parameters; the routers and shared experts of
+MoE layers, whose tokens each TP rank splits), expert gradients are reduced over ``edp`` (÷ dp;
+on the folded mapping ÷ cp·dp, :mod:`~dtlab.parallel.compose.fold_experts`), every other
+gradient is averaged over cp (each CP rank saw different tokens of the same sequences), then
+over dp (``"ddp"``: one flat all-reduce; FSDP reduced while
 backward ran; HSDP adds one all-reduce of the shards across the replicas). Which groups each
 parameter uses is :attr:`ComposedGPT.placements` (:mod:`~dtlab.parallel.compose.account`).
 
@@ -60,7 +63,8 @@ class ComposedStep:
             loss = self.pipeline.step(tokens, targets, positions)
             if shards is not None:
                 shards.finish()
-            loss = torch.zeros(()) if loss is None else loss.detach()
+            # a stage without the loss still joins its all-reduce: on the data's device (NCCL)
+            loss = torch.zeros((), device=tokens.device) if loss is None else loss.detach()
         else:
             kwargs = {} if positions is None else {"positions": positions}
             logits = (self.fsdp or self.module)(tokens, **kwargs)
@@ -70,22 +74,30 @@ class ComposedStep:
                 loss = loss + aux
             loss.backward()
             loss = loss.detach()
+            if aux is not None and aux.requires_grad and self.folded and self.mesh.tp_size > 1:
+                loss = loss + self._other_tp_shares(aux)  # each TP rank's is 1/tp of the loss
         self._reduce_gradients()
         return self._global_mean(loss)
 
     def _reduce_gradients(self: ComposedGPT) -> None:
         communicators = self.mesh_communicators
         named = [(n, p) for n, p in self.named_parameters() if p.grad is not None]
-        if self.tp is not None and self.tp.sequence_parallel:
-            # Sum the partial gradients of the SP-replicated parameters over tp — by name, since
-            # under FSDP the registered tensors are this rank's shard views, not the originals
+        if self.tp is not None:
+            # Sum the partial gradients over tp — the SP-replicated parameters and the MoE
+            # layers' routers (each TP rank routed its own tokens) — by name, since under FSDP
+            # the registered tensors are this rank's shard views, not the originals
             # TensorParallel listed (the sum is elementwise, so shards sum like whole tensors).
             partial = [p for n, p in named if "tp" in self.placements[n].reduced_over]
             all_reduce_partial_grads(partial, self.tp.comm)
+        if self.folded is not None:  # experts: summed over the folded edp, ÷ the cp·dp shards
+            expert = [p.grad for n, p in named if is_expert_param(n)]
+            named = [(n, p) for n, p in named if not is_expert_param(n)]
+            shards = self.mesh.cp_size * self.mesh.dp_size
+            average_flat(expert, communicators["edp"], "edp_grad", divide_by=shards)
         grads = [p.grad for _, p in named]
         if self.mesh.cp_size > 1:
             average_flat(grads, communicators["cp"], "cp_grad")
-        if self.mesh.layout.ep > 1:  # an expert's gradient already holds its EP block's tokens
+        if self.mesh.layout.ep > 1 and self.folded is None:  # carved out of dp: ep inside dp
             expert = [p.grad for n, p in named if is_expert_param(n)]
             grads = [p.grad for n, p in named if not is_expert_param(n)]
             average_flat(expert, communicators["edp"], "edp_grad", divide_by=self.mesh.dp_size)
@@ -93,6 +105,12 @@ class ComposedStep:
             average_flat(grads, communicators["dp"], "dp_grad")
         if self.replica_comm is not None and self.replica_comm.world_size > 1:
             average_flat(grads, self.replica_comm, "hsdp_replica_grad")
+
+    def _other_tp_shares(self: ComposedGPT, aux: torch.Tensor) -> torch.Tensor:
+        """The other TP ranks' shares of the balancing losses (a report: a control message)."""
+        total = aux.detach().reshape(1).clone()
+        self.tp.comm.all_reduce_control(total, name="aux_loss")
+        return (total - aux.detach()).reshape(())
 
     def _global_mean(self: ComposedGPT, loss: torch.Tensor) -> float:
         """The last stage's loss summed over pp, averaged over dp and cp (a report, not

@@ -5,6 +5,8 @@
 * :mod:`.dedup` — the deduplicated dispatch: each token once per destination node, then fanned
   out inside the node (DeepEP's idea), with its bytes per link class;
 * :mod:`.dispatch` — the count exchange, dispatch all-to-all, expert compute, combine all-to-all;
+* :mod:`.tensor_split` — an MoE layer inside a tensor-parallel group: each TP rank routes its own
+  slice of the tokens (expert-TP = 1; MoE parallel folding);
 * :mod:`.model` — apply it to the lab GPT from outside, and average gradients over ``dp``
   (dense parameters) and ``edp`` (expert parameters), and keep DeepSeek-V3's balancing bias equal
   on every rank (loads summed over ``dp``).

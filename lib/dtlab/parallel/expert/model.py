@@ -7,7 +7,9 @@ weights) and swaps the layer's dispatcher for the all-to-all one
 embeddings stay whole on every rank: each rank routes its own tokens with the same router and
 the same rules as one process (ties to the lower expert index; capacity from its own tokens).
 
-The groups (:mod:`dtlab.mesh.layout`; ``ep`` is carved out of ``dp``):
+The groups (:mod:`dtlab.mesh.layout`; ``ep`` is carved out of ``dp`` — with tensor parallel,
+:func:`~dtlab.parallel.compose.compose_gpt` folds them over ``tp × cp × dp`` instead,
+:mod:`dtlab.parallel.compose.fold_experts`):
 
 ======  ===========================================================  =============================
 group   ranks                                                        carries

@@ -12,7 +12,9 @@ split keeps every query head on the rank of its KV head exactly when ``t`` divid
 (:func:`dtlab.mesh.layout_rules.tensor_parallel_problems` says what to choose otherwise).
 
 **MLP.** ``fc_in`` column-parallel (``d_ff/t`` hidden units per rank, GELU applied locally —
-element-wise, so no communication), ``fc_out`` row-parallel.
+element-wise, so no communication), ``fc_out`` row-parallel. A mixture-of-experts MLP is not
+split here (expert-TP = 1): it must already route distinct tokens per TP rank
+(:mod:`dtlab.parallel.expert.tensor_split`; :func:`~dtlab.parallel.compose.compose_gpt` does it).
 
 **Per block, per pass** (``b·s·h`` elements of the block's input; :mod:`.layers` has the table):
 
@@ -37,6 +39,7 @@ from torch.utils.hooks import RemovableHandle
 from dtlab.comm import Communicator
 from dtlab.mesh.layout_rules import raise_problems, tensor_parallel_problems
 from dtlab.models import MLP, CausalSelfAttention
+from dtlab.models.moe import MoE
 from dtlab.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, enter_region
 
 
@@ -124,5 +127,23 @@ def parallelize_block(
     :func:`~dtlab.parallel.tensor.sequence.all_reduce_partial_grads`).
     """
     parallelize_attention(block.attn, comm, sequence_parallel)
-    parallelize_mlp(block.mlp, comm, sequence_parallel, backward_overlap)
+    if isinstance(block.mlp, MoE):
+        check_moe_split(block.mlp)
+    else:
+        parallelize_mlp(block.mlp, comm, sequence_parallel, backward_overlap)
     return block
+
+
+def check_moe_split(moe: MoE) -> None:
+    """A mixture-of-experts layer stays whole under tensor parallelism (expert-TP = 1) — but
+    only once it routes distinct tokens on each TP rank
+    (:func:`~dtlab.parallel.expert.tensor_split.split_moe_over_tp`, which
+    :func:`~dtlab.parallel.compose.compose_gpt` applies with the gradient reductions it needs)."""
+    if getattr(moe, "tp_split", None) is None:
+        raise TypeError(
+            "this block's MLP is a mixture-of-experts layer: tensor parallelism keeps its experts "
+            "whole but must give each TP rank distinct tokens, and its router and expert "
+            "gradients then need reducing over tp and the folded expert-data-parallel group; "
+            "use dtlab.parallel.compose.compose_gpt (MoE parallel folding), or split it first "
+            "with dtlab.parallel.expert.tensor_split.split_moe_over_tp"
+        )
