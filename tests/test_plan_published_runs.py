@@ -7,9 +7,12 @@ job's best published MFU (or 55 % on 6N, whichever is higher). Megatron-LM 2021'
 the model's stated gap (:mod:`dtlab.plan.zero3_gap`): a test pins what it predicts for them and
 what the published numbers imply.
 
-Since the GEMM model became waves of tiles measured on an H200 (:mod:`dtlab.plan.gemm`), large
-GEMMs run at ~0.73 of peak where the unmeasured curve said ~0.65, and four rows fall just outside
-the goals. They are pinned below as the model's honest misses (no other constant was retuned to
+Since the GEMM model became waves of tiles measured on an H200 (:mod:`dtlab.plan.gemm`), Hopper
+GEMMs are priced at the sustained 0.69 of peak the longest measured burst ran at (the layer
+GEMMs of Llama 3 and DeepSeek-V3 at ~0.68), and every Hopper row is within ±15 %. The A100 rows
+are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs ~0.70–0.75), and two results fall
+just outside the goals: the 384-GPU PTD-P layout ranks at 27 % and the 1T job's best plan claims
+57.1 % 6N MFU. They are pinned below as the model's honest misses (no constant was retuned to
 win them back): a change that moves them fails here and must update the pin and the README.
 """
 
@@ -26,8 +29,6 @@ from dtlab.plan.zero3_gap import (
     zero3_ring_latency_s,
 )
 
-STEP_MISSES = {"Llama 3 405B, 8K, 8,192 H100": 0.83, "DeepSeek-V3, 2,048 H800": 0.84}
-"""Predicted ÷ published step of the rows now just under 0.85 (too fast)."""
 RANK_MISSES = {"GPT-3 175B, 384 A100 PTD-P": 0.27}
 """Share of the planner's passing plans faster than the published layout, just over 0.25."""
 CAP_MISSES = {"GPT 1T, 3,072 A100 PTD-P": 0.571}
@@ -63,11 +64,7 @@ def test_each_published_layout_passes_under_its_papers_policy(run, compared):
 
 @pytest.mark.parametrize("run", WITHIN_REACH, ids=lambda r: r.name)
 def test_the_predicted_step_is_within_15_percent_of_the_published_one(run, compared):
-    ratio = compared[run.name].step_ratio
-    if run.name in STEP_MISSES:
-        assert ratio < 0.85 and ratio == pytest.approx(STEP_MISSES[run.name], abs=0.015)
-    else:
-        assert 0.85 <= ratio <= 1.15
+    assert 0.85 <= compared[run.name].step_ratio <= 1.15
 
 
 @pytest.mark.parametrize("run", WITHIN_REACH, ids=lambda r: r.name)

@@ -8,7 +8,7 @@ quantisation). Constants, their sources and the H200 measurement the model is he
 :mod:`dtlab.plan.constants`.
 
 So small GEMMs are not a little slower, they are mostly idle: 1024³ fills 64 of an H100's 132
-SMs for one short wave (~27 % of peak), 256³ four of them (~1 %); and one tile more than a full
+SMs for one short wave (~26 % of peak), 256³ four of them (~1 %); and one tile more than a full
 wave costs a whole wave (133 tiles on 132 SMs take twice as long as 132).
 """
 
