@@ -1144,12 +1144,14 @@ for ep, results in runs.items():
 # differ per rank because routing is uneven; each equals the formula from the routed counts.
 # A balancing loss is composed too: each TP rank routes a share of every sequence, so its
 # counts are summed over the `tp × cp` ranks that hold the same sequences, as Megatron-Core
-# does. Still refused, with what to change: EP with FSDP, and with `tp > 1` capacity (token
-# dropping) and DeepSeek-V3's bias step. Also composed, each equal to one process: the folded
-# layout with context parallel and inside pipeline stages, EP carved from dp inside pipeline
-# stages and with context parallel, and FSDP and sequence parallel with pipeline stages
-# (`tests/test_compose_ep_tp.py`, `test_compose_ep_folding.py`, `test_compose_fsdp_pp.py`,
-# `test_compose_sp_pp.py`). Two byte counts that go with pipeline stages, per rank and step
+# does; so is DeepSeek-V3's bias step (`composed.step_balancing_biases()` sums the load over
+# the same ranks, then dp). Still refused, with what to change: EP with FSDP, capacity (token
+# dropping) with `tp > 1`, and the bias step with pipeline stages. Also composed, each equal
+# to one process: the folded layout with context parallel and inside pipeline stages, EP
+# carved from dp inside pipeline stages and with context parallel, and FSDP and sequence
+# parallel with pipeline stages (`tests/test_compose_ep_tp.py`, `test_compose_ep_review.py`,
+# `test_compose_ep_folding.py`, `test_compose_fsdp_pp.py`, `test_compose_sp_pp.py`). Two byte
+# counts that go with pipeline stages, per rank and step
 # (formula, the tests count them from real messages): FSDP over a stage gathers it once per
 # step, as torchtitan does, not around every micro-batch; sequence parallel sends the `S/t`
 # shard between stages.

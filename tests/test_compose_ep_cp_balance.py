@@ -6,7 +6,8 @@ where one process counts those tokens too), with the bytes of that all-reduce co
 dp=2 × cp=2 on 4 ranks, ep=2 carved out of dp, zig-zag CP, fp64. Two steps on two different
 batches (gradients zeroed between, no optimizer): the second step routes with the bias the first
 one stepped, and the global scope must forget the first step's counts. ep=4 is not a layout
-here: EP is carved out of dp=2 (the folded mapping, which spans cp, refuses balancing terms).
+here: EP is carved out of dp=2 (``expert_parallel=4`` folds it over cp × dp instead, with the
+same balancing terms: tests/test_compose_ep_review.py).
 """
 
 from __future__ import annotations

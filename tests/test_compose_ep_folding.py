@@ -81,9 +81,9 @@ def _ep_pp_on_rank(degrees: dict, n_micro: int = 2) -> dict:
     for shard in range(mesh.dp_size):
         part = slice(shard * rows, (shard + 1) * rows)
         for x, y in zip(tokens[part].chunk(n_micro), targets[part].chunk(n_micro), strict=True):
-            ce = loss_fn(reference(x), y)
-            ((ce + reference.aux_loss) / (n_micro * mesh.dp_size)).backward()
-            ref_loss += ce.item() / (n_micro * mesh.dp_size)  # the pipeline reports the CE
+            loss = loss_fn(reference(x), y) + reference.aux_loss
+            (loss / (n_micro * mesh.dp_size)).backward()
+            ref_loss += loss.item() / (n_micro * mesh.dp_size)  # reported with the aux, as trained
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
     model = GPT(config, seed=0, dtype=torch.float64, mlp_factory=factory)

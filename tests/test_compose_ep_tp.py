@@ -208,8 +208,6 @@ PER_TOKEN = {"aux_loss_weight": 0.0}
 def test_what_ep_with_tp_still_refuses_says_what_to_change(cluster4):
     says = cluster4.run(_refusal, {"dp": 2, "tp": 2, "ep": 2}, "ddp", {"capacity_factor": 1.0})[0]
     assert "use MoEConfig(capacity_factor=None) (dropless) with tp > 1, or tp=1" in says
-    says = cluster4.run(_refusal, {"dp": 2, "tp": 2}, "ddp", {"bias_balancing": True}, 2)[0]
-    assert "use MoEConfig(bias_balancing=False) with tp > 1" in says
     says = cluster4.run(_refusal, {"dp": 2, "tp": 2}, "fsdp", PER_TOKEN, 2)[0]
     assert "use data_parallel='ddp'" in says
     says = cluster4.run(_refusal, {"dp": 2, "tp": 2, "ep": 2}, "ddp", PER_TOKEN, 2)[0]

@@ -6,8 +6,9 @@ across ranks; that is the CPU suite's (tests/test_compose_ep_tp.py, 4 gloo ranks
 here is the code path on CUDA: ``compose_gpt`` with ``expert_parallel=1`` takes the folded path
 (its ``ep``/``edp`` groups made from :class:`~dtlab.parallel.compose.folding.FoldedMapping`, the
 expert gradients reduced over the folded ``edp``), and an MoE layer split over a 1-rank TP group
-runs its slice-and-all-gather autograd functions (an NCCL all-gather of one rank in each
-direction) — both equal to the plain model on the same GPU."""
+runs its slice-and-all-gather autograd functions — through torch's collectives an NCCL
+all-gather of one rank in each direction (dtlab's ring sends nothing on one rank: it runs too,
+for its buffers' devices) — both equal to the plain model on the same GPU."""
 
 from __future__ import annotations
 
@@ -50,22 +51,24 @@ def _folded_on_cuda() -> dict:
     loss = composed.train_step(x, y)
     error = max((p.grad - grads[n]).abs().max().item() for n, p in composed.named_parameters())
 
-    layer = moe_layers(_moe_gpt(device))[0]
-    h = torch.randn(2, 16, 32, device=device, requires_grad=True)
-    plain, _ = layer(h)
-    (plain_grad,) = torch.autograd.grad(plain.sum(), h)
-    split_moe_over_tp(layer, Communicator(None, collectives="dtlab", dim="tp"), False)
-    split, _ = layer(h)
-    (split_grad,) = torch.autograd.grad(split.sum(), h)
-    return {
+    out = {
         "loss": abs(loss - want.item()),
         "grads": error,
         "folded": composed.folded is not None,
         "expert_reduced": composed.placements["blocks.1.mlp.experts.fc_in.weight"].reduced_over,
-        "split": (split - plain).abs().max().item(),
-        "split_grad": (split_grad - plain_grad).abs().max().item(),
-        "on": {split.device.type, split_grad.device.type},
     }
+    h = torch.randn(2, 16, 32, device=device, requires_grad=True)
+    for via in ("torch", "dtlab"):  # torch: dist.all_gather_into_tensor on the NCCL group
+        layer = moe_layers(_moe_gpt(device))[0]
+        plain, _ = layer(h)
+        (plain_grad,) = torch.autograd.grad(plain.sum(), h)
+        split_moe_over_tp(layer, Communicator(None, collectives=via, dim="tp"), False)
+        split, _ = layer(h)
+        (split_grad,) = torch.autograd.grad(split.sum(), h)
+        out[f"{via}_split"] = (split - plain).abs().max().item()
+        out[f"{via}_split_grad"] = (split_grad - plain_grad).abs().max().item()
+        out[f"{via}_on"] = {split.device.type, split_grad.device.type}
+    return out
 
 
 @pytest.mark.timeout(300)
@@ -74,4 +77,6 @@ def test_folded_experts_and_the_tp_token_split_run_on_cuda_tensors_over_nccl():
         r = cluster.run(_folded_on_cuda)[0]
     assert r["folded"] and r["expert_reduced"] == ()  # edp of one rank: nothing to reduce
     assert r["loss"] < 1e-5 and r["grads"] < 1e-5, r
-    assert r["split"] < 1e-6 and r["split_grad"] < 1e-6 and r["on"] == {"cuda"}, r
+    for via in ("torch", "dtlab"):
+        assert r[f"{via}_split"] < 1e-6 and r[f"{via}_split_grad"] < 1e-6, r
+        assert r[f"{via}_on"] == {"cuda"}, r

@@ -13,10 +13,11 @@ choose instead:
   weights are reduced over ``edp``, which dtlab's FSDP does not shard) —
   :func:`unsupported_combinations`, the one list both :func:`composed_layout_problems` (before
   any process starts) and :func:`check_composition` (inside ``compose_gpt``, on the ranks) read.
-  EP with DDP is composed with pipeline stages, with CP for a router that decides per token
-  (:func:`per_token_router_problems`), and with TP on the folded mapping (EP groups of
-  consecutive ranks over tp × cp × dp, each TP rank routing its own tokens; balancing losses
-  too, but with ``tp > 1`` neither capacity nor the bias step —
+  EP with DDP is composed with pipeline stages, with CP (balancing terms included; capacity,
+  and with pipeline stages the global scope and the bias step, refused:
+  :func:`per_token_router_problems`), and with TP on the folded mapping (EP groups of
+  consecutive ranks over tp × cp × dp, each TP rank routing its own tokens; balancing terms
+  too, but with ``tp > 1`` not capacity —
   :func:`~dtlab.parallel.compose.fold_experts.folded_problems`, checked on the ranks where the
   model's MoE configs are known).
 
@@ -58,7 +59,8 @@ def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
     among all ``B·S`` tokens, and a CP rank sees an interleaved subset (zig-zag chunks), so it
     would drop other assignments. The ``"global"`` scope is refused with pipeline stages: its
     running count is cleared before each forward of the whole model, which a pipeline step never
-    calls."""
+    calls. So is the bias step: it steps on the whole step's load, and a stage's router keeps
+    only its latest micro-batch's counts (a stage without the MoE layer, none)."""
     problems = []
     dropping = sorted({m.capacity_factor for m in moe_configs if m.capacity_factor is not None})
     if layout.cp > 1 and dropping:
@@ -73,6 +75,13 @@ def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
             f"aux_loss_scope='global' with pp={layout.pp}: the global count is cleared before "
             "each forward of the whole model, which pipeline stages never run; use "
             "aux_loss_scope='micro_batch' or 'sequence' with pp > 1, or pp=1"
+        )
+    if layout.pp > 1 and any(m.bias_balancing for m in moe_configs):
+        problems.append(
+            f"bias_balancing with pp={layout.pp}: the bias steps on the load of the whole step, "
+            "and a pipeline stage's router keeps only its last micro-batch's counts (a stage "
+            "without the MoE layer has none); use MoEConfig(bias_balancing=False) with pp > 1 "
+            "(a balancing loss, aux_loss_weight > 0, is composed), or pp=1"
         )
     return problems
 

@@ -24,10 +24,14 @@ without experts); the MoE layers use :class:`~dtlab.parallel.compose.folding.Fol
   is the mean over the cp × dp shards) — never also averaged over cp.
 * **what the routers count**: the ``tp · cp`` ranks of one dp index hold the parts of the same
   sequences, so the balancing losses' counts are summed over them (``shards``, one all-reduce
-  of ``E`` float64 counts per MoE layer and forward; :mod:`dtlab.parallel.expert.balance`), as
+  per MoE layer and forward of ``E`` float64 counts — ``B·E`` for the sequence scope — so
+  ``2(tp·cp−1)/(tp·cp) · 8E`` bytes per rank on the ring; the global scope then sums over
+  ``dp`` as well; :mod:`dtlab.parallel.expert.balance`), as
   Megatron-Core reduces them over its tp × cp group; each TP rank's loss share is ``1/tp``
-  (:mod:`dtlab.parallel.expert.tensor_split`). Capacity and DeepSeek-V3's bias step are not
-  composed with ``tp > 1`` (:func:`folded_problems` says what to choose).
+  (:mod:`dtlab.parallel.expert.tensor_split`). DeepSeek-V3's bias step sums the load over the
+  same ``shards`` and then ``dp`` (:meth:`~dtlab.parallel.compose.step.ComposedStep.
+  step_balancing_biases`). Capacity is not composed with ``tp > 1`` (:func:`folded_problems`
+  says what to choose).
 
 :func:`fold_experts` builds the two groups (every rank enumerates every group, in the same
 order) and shards the experts; ``compose_gpt`` calls it before tensor parallel is applied.
@@ -110,10 +114,15 @@ def sequence_shards(
         return tp_comm
     if mesh.tp_size == 1:
         return cp_comm
-    block = mesh.tp_size * mesh.cp_size
-    world = dist.get_world_size()
-    groups = [list(range(start, start + block)) for start in range(0, world, block)]
+    groups = sequence_shard_groups(dist.get_world_size(), mesh.tp_size, mesh.cp_size)
     return Communicator.among(groups, collectives, "tp_cp")
+
+
+def sequence_shard_groups(world_size: int, tp: int, cp: int) -> list[list[int]]:
+    """Blocks of ``tp · cp`` consecutive ranks: with the mesh's rank order (``pp, dp, cp, tp``,
+    :data:`dtlab.mesh.layout.ORDER`) each block is one ``(pp, dp)`` index."""
+    block = tp * cp
+    return [list(range(start, start + block)) for start in range(0, world_size, block)]
 
 
 def folded_problems(
@@ -148,12 +157,6 @@ def folded_problems(
             "assignments by their place among all B·S tokens, and each TP rank routes a 1/tp "
             "slice of every sequence, so it would drop other assignments; use "
             "MoEConfig(capacity_factor=None) (dropless) with tp > 1, or tp=1"
-        )
-    if mesh_layout.tp > 1 and any(m.bias_balancing for m in moe_configs):
-        problems.append(
-            f"bias_balancing with tp={mesh_layout.tp}: the bias step would need the load summed "
-            "over tp × cp × dp, which compose_gpt's folded layout does not run; use "
-            "MoEConfig(bias_balancing=False) with tp > 1 (a balancing loss is composed), or tp=1"
         )
     return problems
 

@@ -25,6 +25,7 @@ from dtlab.models.moe import is_expert_param
 from dtlab.parallel.compose.groups import average_flat
 from dtlab.parallel.compose.placement import clip_global_grad_norm_
 from dtlab.parallel.context import shard_batch
+from dtlab.parallel.expert.balance import step_balancing_biases
 from dtlab.parallel.tensor.sequence import all_reduce_partial_grads
 
 if TYPE_CHECKING:
@@ -60,11 +61,16 @@ class ComposedStep:
             if shards is not None:  # FSDP over stages: gathered once, reduced at the last B/W
                 shards.gather()
                 self.pipeline.on_stage_done = shards.on_stage_done
-            loss = self.pipeline.step(tokens, targets, positions)
+            with _StageAuxLosses(self.pipeline) as aux:
+                loss = self.pipeline.step(tokens, targets, positions)
             if shards is not None:
                 shards.finish()
             # a stage without the loss still joins its all-reduce: on the data's device (NCCL)
             loss = torch.zeros((), device=tokens.device) if loss is None else loss.detach()
+            if aux.total is not None:  # this rank's stages' balancing losses, as trained
+                loss = loss + aux.total
+                if self.folded and self.mesh.tp_size > 1:
+                    loss = loss + self._other_tp_shares(aux.total)
         else:
             kwargs = {} if positions is None else {"positions": positions}
             logits = (self.fsdp or self.module)(tokens, **kwargs)
@@ -106,6 +112,16 @@ class ComposedStep:
         if self.replica_comm is not None and self.replica_comm.world_size > 1:
             average_flat(grads, self.replica_comm, "hsdp_replica_grad")
 
+    def step_balancing_biases(self: ComposedGPT) -> None:
+        """DeepSeek-V3's bias step on the load one process sees (call after each
+        :meth:`train_step`): every bias-balanced MoE layer's tokens per expert summed over the
+        ranks holding the rest of its sequences (``cp``; on the folded layout the ``tp × cp``
+        ranks, each TP rank having routed its own slice), then over ``dp`` — one all-reduce of
+        float64 loads per group (:func:`~dtlab.parallel.expert.balance.step_balancing_biases`)."""
+        along = self.mesh_communicators
+        shards = self.folded.shards if self.folded is not None else along["cp"]
+        step_balancing_biases(self.module, shards, along["dp"])
+
     def _other_tp_shares(self: ComposedGPT, aux: torch.Tensor) -> torch.Tensor:
         """The other TP ranks' shares of the balancing losses (a report: a control message)."""
         total = aux.detach().reshape(1).clone()
@@ -113,8 +129,9 @@ class ComposedStep:
         return (total - aux.detach()).reshape(())
 
     def _global_mean(self: ComposedGPT, loss: torch.Tensor) -> float:
-        """The last stage's loss summed over pp, averaged over dp and cp (a report, not
-        training traffic: control messages, not counted)."""
+        """Each stage's loss (the last stage's cross-entropy, every stage's balancing losses)
+        summed over pp, averaged over dp and cp (a report, not training traffic: control
+        messages, not counted)."""
         loss = loss.reshape(1).double().clone()
         for dim in ("pp", "cp", "dp"):
             if getattr(self.mesh, f"{dim}_size") > 1:
@@ -129,6 +146,31 @@ class ComposedStep:
             self.coordinates,
             max_norm,
         )
+
+
+class _StageAuxLosses:
+    """While a pipeline step runs, the sum of this rank's stages' balancing losses over the
+    micro-batches, each ÷ the micro-batch count as the executor trains it (``None`` without
+    any): the executor's own loss is the last stage's cross-entropy only, so without this the
+    step would report a mixture-of-experts loss without its balancing terms under ``pp > 1``."""
+
+    def __init__(self, pipeline) -> None:
+        self.pipeline, self.total, self.handles = pipeline, None, []
+
+    def _add(self, stage, _args, _output) -> None:
+        aux = getattr(stage, "aux_loss", None)
+        if aux is not None and aux.requires_grad:
+            share = aux.detach() / self.pipeline.schedule.n_micro
+            self.total = share if self.total is None else self.total + share
+
+    def __enter__(self) -> _StageAuxLosses:
+        stages = self.pipeline.stages.values()
+        self.handles = [s.register_forward_hook(self._add) for s in stages]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,9 @@ def _summed(counts: torch.Tensor, comms, name: str) -> torch.Tensor:
 
 
 class SequenceShards:
-    """The ``cp`` group holding the other parts of this rank's sequences: :meth:`sum` adds the
+    """The ranks holding the other parts of this rank's sequences — the ``cp`` group, or on the
+    folded layout the ``tp × cp`` ranks of one dp index
+    (:func:`~dtlab.parallel.compose.fold_experts.sequence_shards`): :meth:`sum` adds the
     router's counts over it (one all-reduce of ``counts.numel()`` float64 numbers)."""
 
     def __init__(self, cp_comm: Communicator) -> None:

@@ -137,7 +137,8 @@ def token_split_bytes(
     """Bytes one rank sends per step in the token split of ``layers`` MoE layers under ``tp``
     without sequence parallelism: an all-gather of the ``(b, S/t, d)`` outputs forward and one
     of the input gradients backward, ``(t−1)/t · b·S·d`` elements each (with sequence
-    parallelism: 0). ``batch`` is this rank's rows (the dp shard)."""
+    parallelism: 0). ``batch`` is this rank's rows (the dp shard), ``seq_len`` the length it
+    holds of each sequence (``S/cp`` under context parallelism)."""
     return layers * 2 * (tp - 1) * batch * seq_len * d_model * element_size // tp
 
 
