@@ -30,7 +30,7 @@ captured in one CUDA graph so no host launch is timed, CUDA events, median of 7:
 ``pytest -m gpu tests/test_gpu_plan_gemm_curve.py -s``). ``t₀ = 2 µs`` is read off the first
 session's measurement (the least-squares value in log space over 1–3 µs) and ``η_max`` off the
 8192³ point (why that one: :data:`GEMM_MAX_FRACTION`); model ÷ measured is then 0.71–1.17 at
-every point of two sessions from 256³ to 8192³ — 256³ runs 4 tiles in one wave (≈1 % of peak),
+every recorded point from 256³ to 8192³ — 256³ runs 4 tiles in one wave (≈1 % of peak),
 1024³ 64 tiles on 132 SMs (26 %; measured 31–36 %: the model's worst point), 2048³ two waves
 (≈62 %; measured 70–72 %). The Hockney-style curve it replaces
 (``η_max / (1 + 256·(1/M + 1/K + 1/N))``, stated, never measured) was 3–20× too optimistic below
@@ -86,7 +86,7 @@ GEMM_MAX_FRACTION: dict[str, float] = {
 **Hopper, 0.69, measured** — and chosen as the *sustained* point, not the best one. On the lent
 H200 (:data:`H200_GEMM_MEASURED`) the 8192³ burst (ten products, ≈11 TFLOP, ≈16 ms) is the
 longest measured and read 0.687–0.694 in four of five runs; the shorter 4096³ burst (≈2 ms) read
-0.73–0.79. A GPU at its power limit lowers its clock as a burst lengthens, so short bursts read
+0.73–0.80. A GPU at its power limit lowers its clock as a burst lengthens, so short bursts read
 high before the clock drops; power, and so the clock, depends even on the data (this
 workplace's notes on its lent H200s record an 8192³ BF16 product at 788 TFLOP/s on random
 operands against 894 on zeros, 2026-10-28). The one 8192³ reading of 0.77 was timed eagerly, the
@@ -107,27 +107,28 @@ GEMM_KERNEL_LATENCY_S = 2e-6
 """``t₀``: fixed seconds per GEMM kernel beside its waves (read off :data:`H200_GEMM_MEASURED`)."""
 
 H200_GEMM_MEASURED: dict[int, tuple[float, ...]] = {
-    256: (0.008, 0.008, 0.008, 0.008),
-    512: (0.053, 0.063, 0.066, 0.067, 0.066),
-    1024: (0.305, 0.357, 0.358, 0.359),
-    2048: (0.714, 0.715, 0.695, 0.704),
-    4096: (0.732, 0.787, 0.786, 0.785),
-    8192: (0.688, 0.77, 0.694, 0.694, 0.687),
+    256: (0.008, 0.008, 0.008, 0.008, 0.009),
+    512: (0.053, 0.063, 0.066, 0.067, 0.066, 0.067),
+    1024: (0.305, 0.357, 0.358, 0.359, 0.361),
+    2048: (0.714, 0.715, 0.695, 0.704, 0.714),
+    4096: (0.732, 0.787, 0.786, 0.785, 0.795),
+    8192: (0.688, 0.77, 0.694, 0.694, 0.687, 0.694),
 }
 """Measured BF16 ``n³`` GEMMs on a lent NVIDIA H200 as a fraction of the 989.4 TFLOP/s dense
 peak, one value per run: torch 2.11 (CUDA 13.0), cuBLAS, ten products in one CUDA graph,
 CUDA-event timing, median of 7 — ``pytest -m gpu tests/test_gpu_plan_gemm_curve.py -s``, in
-the device calls of 2026-11-27 (the lead's second call first, then a helper's three). The one
+the device calls of 2026-11-27 (the lead's second call first, then a helper's three, then the
+lead's last, run with this model in place and passing). The one
 exception is 8192³'s 0.77: the first call timed eagerly, before the graph existed (eager timing
 is launch-bound below 2048³, so none of its smaller readings is kept; at 8192³ the launch is
 negligible and the reading stands)."""
 
 H200_GEMM_MODEL_FACTOR = 1.42
 """The wave model reproduces every :data:`H200_GEMM_MEASURED` point within this factor (measured
-÷ model at most 1.404). Its worst is 1024³ (model 0.256, measured 0.31–0.36): a single short wave
+÷ model at most 1.41). Its worst is 1024³ (model 0.256, measured 0.31–0.36): a single short wave
 of 64 tiles, half the SMs idle, runs above the sustained ``η_max`` of one SM's share, like the
 other short bursts (why they read high: :data:`GEMM_MAX_FRACTION`); then
-512³ (0.052 against 0.053–0.067, up to 1.30) and 4096³ (0.663 against 0.73–0.79, up to 1.19)."""
+512³ (0.052 against 0.053–0.067, up to 1.30) and 4096³ (0.663 against 0.73–0.80, up to 1.20)."""
 
 FP8_SUSTAINED_SCALE = 0.6
 """FP8 GEMMs sustain this much of the BF16 fraction ``η`` against the FP8 peak (assumption)."""
