@@ -8,7 +8,9 @@ all-reduce of each rank's clock reading, ``MAX``). Back on the driver each (algo
 becomes a :class:`BenchRecord`: the median and fastest iteration, every iteration's time, and
 the nccl-tests ``algbw``/``busbw`` (:mod:`dtlab.cost.bandwidth`). :mod:`dtlab.bench.collectives`
 summarizes and prints them. The leading underscore keeps this module off ``dtlab bench``'s list:
-it is a part of the ``collectives`` benchmark, not one of its own.
+it is a part of the ``collectives`` benchmark, not one of its own. The all-reduce may also time
+``"ring_shm"`` (:data:`RING_SHM`): the same ring through shared memory
+(``all_reduce(transport="shm")``, :mod:`dtlab.collectives.shm_transport`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dtlab.cost.bandwidth import algbw, busbw
 
 BUILTIN = "torch"
 CHECK = "check"  # the agreement check alone: timed like a collective, reported as a cost
+# the ring all-reduce through shared memory (all_reduce(transport="shm")); all_reduce only
+RING_SHM = "ring_shm"
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -83,9 +87,15 @@ def _calls_for(
         "all_to_all": ((x,), {"out": out}),
     }
     args, kwargs = arguments[op]
-    calls = {a: partial(collectives.ALGORITHMS[op][a], *args, **kwargs) for a in algorithms}
+    calls = {
+        a: partial(collectives.ALGORITHMS[op][a], *args, **kwargs)
+        for a in algorithms
+        if a != RING_SHM
+    }
+    if RING_SHM in algorithms:
+        calls[RING_SHM] = partial(collectives.all_reduce, x, algorithm="ring", transport="shm")
     calls[BUILTIN] = builtins[op]
-    if time_check and op == "all_reduce" and "ring" in algorithms:
+    if time_check and op == "all_reduce" and ("ring" in algorithms or RING_SHM in algorithms):
         from dtlab.collectives.agreement import CallDescriptor, check_agreement
         from dtlab.collectives.p2p import peers_of
 
@@ -156,6 +166,12 @@ def run_sweep(
             "reduce_scatter, all_gather or all_to_all"
         )
     algorithms = list(algorithms or collectives.ALGORITHMS[op])
+    unknown = [a for a in algorithms if a not in collectives.ALGORITHMS[op]]
+    if unknown and (op != "all_reduce" or unknown != [RING_SHM]):
+        raise ValueError(
+            f"no {op} algorithm {unknown}; choose from {list(collectives.ALGORITHMS[op])}"
+            + (f" or {RING_SHM!r} (the ring through shared memory)" if op == "all_reduce" else "")
+        )
     sizes = list(sizes or default_sizes(fast_mode()))
     own = cluster is None
     if own:

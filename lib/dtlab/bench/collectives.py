@@ -18,6 +18,10 @@ and the summary reports
   alone, interleaved with the rest, on the ring's own descriptor (a record with algorithm
   ``"check"``; its bandwidth columns are zero, it moves no payload), and ``check_share`` is its
   median over the ring's median time;
+* ``ring_shm_vs_builtin_paired`` and ``ring_shm_vs_ring_paired`` (with ``--algorithms ring
+  ring_shm``): the same ring through shared memory (``all_reduce(transport="shm")``,
+  :mod:`dtlab.collectives.shm_transport`) against the built-in and against the socket ring,
+  iteration-paired, and ``check_share_ring_shm``, the check's share of its time;
 * ``crossover``: the size below which recursive doubling / the binary tree beat the ring —
   measured, and predicted from the fitted link.
 
@@ -39,6 +43,7 @@ from dtlab.bench._collectives_sweep import (
     CHECK,
     KIB,
     MIB,
+    RING_SHM,
     BenchRecord,
     default_sizes,
     run_sweep,
@@ -51,6 +56,7 @@ __all__ = [
     "CHECK",
     "KIB",
     "MIB",
+    "RING_SHM",
     "BenchRecord",
     "default_sizes",
     "main",
@@ -71,7 +77,7 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
         by = {(r.algorithm, r.nbytes): r for r in mine}
         entry: dict = {}
         ops = {r.op for r in mine}
-        ours = [r for r in mine if r.algorithm not in (BUILTIN, CHECK)]
+        ours = [r for r in mine if r.algorithm not in (BUILTIN, CHECK, RING_SHM)]
         if len(ours) >= 2:
             link = fit_alpha_beta_jointly(
                 [(r.op, r.algorithm, n, r.nbytes, r.seconds) for r in ours], f"fitted, {n} ranks"
@@ -85,6 +91,18 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
                 for size in sorted({r.nbytes for r in mine})
                 if size >= 16 * MIB and ("ring", size) in by and (BUILTIN, size) in by
             ]
+            shm = [s for s in sorted({r.nbytes for r in mine}) if (RING_SHM, s) in by]
+            if shm:
+                entry["ring_shm_vs_builtin_paired"] = {
+                    size: paired_ratio(by[(BUILTIN, size)], by[(RING_SHM, size)])
+                    for size in shm
+                    if (BUILTIN, size) in by
+                }
+                entry["ring_shm_vs_ring_paired"] = {
+                    size: paired_ratio(by[("ring", size)], by[(RING_SHM, size)])
+                    for size in shm
+                    if ("ring", size) in by
+                }
             # busbw ratio = time ratio (same op, size and N); median and fastest iteration
             entry["ring_vs_builtin"] = {
                 size: by[(BUILTIN, size)].seconds / by[("ring", size)].seconds for size in large
@@ -103,6 +121,12 @@ def summarize(records: Sequence[BenchRecord]) -> dict:
                 for size in sorted({r.nbytes for r in mine})
                 if (CHECK, size) in by and ("ring", size) in by
             }
+            if shm:
+                entry["check_share_ring_shm"] = {
+                    size: by[(CHECK, size)].seconds / by[(RING_SHM, size)].seconds
+                    for size in shm
+                    if (CHECK, size) in by
+                }
             entry["crossover"] = {
                 small: {
                     "measured_bytes": measured_crossover(mine, small, "ring"),
@@ -212,6 +236,10 @@ def main(argv: list[str]) -> int:
     if args.html:
         from dtlab.viz.bandwidth import bandwidth_curve
 
-        bandwidth_curve(records, summary).write_html(args.html, include_plotlyjs="cdn")
+        # The figure draws each curve against its α-β model, fitted to the socket algorithms:
+        # the check moves no payload and ring_shm another link (shared memory), so both stay in
+        # the table and the JSON only.
+        drawn = [r for r in records if r.algorithm not in (CHECK, RING_SHM)]
+        bandwidth_curve(drawn, summary).write_html(args.html, include_plotlyjs="cdn")
     print(f"\nwrote {args.out}")
     return 0

@@ -65,6 +65,7 @@ from dtlab.collectives.p2p import (
 from dtlab.collectives.peer_memory import peer_all_reduce
 from dtlab.collectives.reduce import reduce
 from dtlab.collectives.reduce_scatter import REDUCE_SCATTERS, reduce_scatter
+from dtlab.collectives.shm_primitives import ShmPeerGone
 from dtlab.collectives.simulated import simulate
 
 ALGORITHMS: dict[str, dict[str, partial]] = {
@@ -86,6 +87,7 @@ __all__ = [
     "CollectiveMismatch",
     "CommStats",
     "Peers",
+    "ShmPeerGone",
     "all_gather",
     "all_reduce",
     "all_to_all",

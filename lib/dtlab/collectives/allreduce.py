@@ -31,6 +31,9 @@ on a fitted α-β model and runs the cheapest (:mod:`~dtlab.collectives.auto`).
 The ring streams its chunks in segments of at most 4 MiB, several in flight
 (:mod:`~dtlab.collectives.ring_pipeline`): same bytes and steps, ``K`` messages per step for
 chunks of ``K`` segments, and steps that overlap; the model above is the textbook ring's.
+``transport="shm"`` runs the same ring through shared-memory slots instead of the process
+group's sockets (ranks of one host; :mod:`~dtlab.collectives.shm_transport`,
+:mod:`~dtlab.collectives.shm_ring`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from dtlab.collectives.ops import (
 from dtlab.collectives.p2p import Group, Peers, peers_of
 from dtlab.collectives.reduce import reduce_flat_
 from dtlab.collectives.ring_pipeline import pipelined_ring_all_reduce_
+from dtlab.collectives.shm_ring import shm_ring_all_reduce_
 
 
 def all_reduce_naive_(flat: torch.Tensor, op: str, peers: Peers) -> None:
@@ -194,18 +198,28 @@ def all_reduce(
     algorithm: str = "ring",
     group: Group = None,
     out: torch.Tensor | None = None,
+    transport: str = "torch",
 ) -> torch.Tensor:
     """Combine every rank's ``tensor``; the result lands in ``out`` if given, else in ``tensor``.
 
     Every rank must pass the same number of elements, dtype, op and algorithm; a rank that does
     not makes every rank raise :class:`~dtlab.collectives.agreement.CollectiveMismatch`.
     ``algorithm="auto"`` runs the schedule the α-β model predicts fastest for this size and
-    group (:mod:`~dtlab.collectives.auto`).
+    group (:mod:`~dtlab.collectives.auto`). ``transport="shm"`` runs the ring through
+    shared memory instead of the process group's messages (CPU ranks of one host;
+    :mod:`~dtlab.collectives.shm_transport`); the check then sees the algorithm ``"ring_shm"``,
+    so ranks that disagree on the transport raise too.
     """
     auto.check_algorithm("all_reduce", algorithm, list(ALL_REDUCES))
+    if transport not in ("torch", "shm") or (transport == "shm" and algorithm != "ring"):
+        raise ValueError(
+            f"transport={transport!r} with algorithm={algorithm!r}: choose transport='torch' "
+            "(any algorithm) or transport='shm' with algorithm='ring'"
+        )
     op = normalize_op(op)
     peers = peers_of(group)
-    call = CallDescriptor("all_reduce", algorithm, tensor.dtype, tensor.numel(), op=op)
+    described = "ring_shm" if transport == "shm" else algorithm
+    call = CallDescriptor("all_reduce", described, tensor.dtype, tensor.numel(), op=op)
     check_agreement(peers, auto.call_descriptor(call), tensor.device)
     target = tensor if out is None else out.copy_(tensor)
     flat, is_view = flat_view(target)
@@ -218,7 +232,10 @@ def all_reduce(
             choice = auto.choose_for_call(peers, "all_reduce", nbytes, flat.device)
             chosen = choice.algorithm
         with auto.labelled(algorithm, chosen):
-            ALL_REDUCES[chosen](flat, op, peers, **auto.schedule_options(choice))
+            if transport == "shm":
+                shm_ring_all_reduce_(flat, op, peers)
+            else:
+                ALL_REDUCES[chosen](flat, op, peers, **auto.schedule_options(choice))
     if not is_view:
         target.copy_(flat.view_as(target))
     return target

@@ -32,6 +32,7 @@ _WORDS = (
     *("sum", "avg", "max", "min"),
     *("double_binary_tree", "recursive_halving", "auto"),
     *("one_shot", "two_shot", "in_network"),
+    "ring_shm",
 )
 _DTYPES = tuple(
     getattr(torch, name)
