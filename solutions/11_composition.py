@@ -395,8 +395,8 @@ for req in JOBS:
 # %% [markdown]
 # **Fitting is not enough: time.** The checks above are about memory and the bubble. The step-time
 # model (`dtlab.plan.step_time`) adds the clock, per micro-batch on the slowest pipeline device:
-# compute at the efficiency its GEMM shapes sustain (a stated curve, `dtlab.plan.constants`), causal
-# attention, recomputation; then each mechanism's communication where nothing hides it — tensor
+# compute at the efficiency its GEMM shapes sustain (waves of tiles, a model measured on an H200:
+# `dtlab.plan.gemm`), causal attention, recomputation; then each mechanism's communication where nothing hides it — tensor
 # parallel's forward collectives (backward's hide behind the weight-gradient GEMMs), context and
 # expert traffic beyond the compute they overlap, the pipeline's fill and drain, and the gradient
 # sync on stage 0 beyond the backward that follows it there (ZeRO-3: every micro-batch, with
@@ -404,9 +404,10 @@ for req in JOBS:
 # the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400 Gb/s
 # NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC for
 # all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
-# (tp=2, ZeRO-3 over 1,024 ranks) also the fastest on rails, and communication-bound — most of its
-# step waiting for data parallel — with one NIC per node, where the fastest layout puts more into
-# TP and PP so each GPU reduces a smaller shard.
+# (tp=2, ZeRO-3 over 1,024 ranks) within about 1 % of the fastest on rails, and
+# communication-bound — most of its step waiting for data parallel — with one NIC per node, where
+# the fastest layout puts more into CP and PP (dp 16, ZeRO-1) so each GPU syncs a 16× smaller
+# shard, once per step.
 
 # %%
 for nics, fabric in ((None, "one NIC per GPU"), (1, "one NIC per node")):

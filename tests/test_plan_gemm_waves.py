@@ -8,6 +8,8 @@ import pytest
 
 from dtlab.cost import gpu
 from dtlab.plan.constants import (
+    FP8_SUSTAINED_SCALE,
+    GEMM_KERNEL_LATENCY_S,
     GEMM_MAX_FRACTION,
     H200_GEMM_MEASURED,
     H200_GEMM_MODEL_FACTOR,
@@ -55,12 +57,84 @@ def test_small_gemms_leave_most_sms_idle():
 
 
 def test_one_tile_past_a_full_wave_costs_a_whole_wave():
-    full = 132 * 128  # 132 tiles: one wave on an H100's 132 SMs
-    one_more = full + 128
-    assert gemm_waves("h100_sxm", full, 128) == 1 and gemm_waves("h100_sxm", one_more, 128) == 2
-    assert gemm_seconds("h100_sxm", one_more, 8192, 128) > 1.9 * gemm_seconds(
-        "h100_sxm", full, 8192, 128
-    )
+    # 12 × 11 = 132 tiles: one wave on an H100's 132 SMs; one more column: 12 × 12 = 144, two.
+    # (A 132·128 × 128 output would be HBM-bound: its 128-wide n reads more than it computes.)
+    m, n, k = 12 * 128, 11 * 128, 8192
+    assert gemm_waves("h100_sxm", m, n) == 1 and gemm_waves("h100_sxm", m, n + 1) == 2
+    assert gemm_seconds("h100_sxm", m, k, n + 1) > 1.9 * gemm_seconds("h100_sxm", m, k, n)
+
+
+def test_a_partial_tile_costs_a_whole_tile():
+    """m or n not a multiple of 128: 129 rows run as two tile rows, like 256."""
+    assert gemm_seconds("h100_sxm", 129, 4096, 4096) == gemm_seconds("h100_sxm", 256, 4096, 4096)
+    assert gemm_waves("h100_sxm", 37.5, 4096) == gemm_waves("h100_sxm", 128, 4096) == 1
+
+
+@pytest.mark.parametrize("m", [1, 64, 128])
+def test_a_skinny_gemm_is_no_faster_than_reading_its_operands(m):
+    """One row (a GEMV) or one tile row against 16384² weights: the waves alone would claim up to
+    66 % of an H100's peak, but the 537 MB of weights take longer to read than that."""
+    k = n = 16384
+    weights_s = k * n * 2 / gpu("h100_sxm").hbm_bandwidth_bytes_per_s
+    assert gemm_seconds("h100_sxm", m, k, n) > weights_s
+    roofline = 2 * m * k * n / weights_s / gpu("h100_sxm").bf16_dense_flops
+    assert gemm_efficiency("h100_sxm", m, k, n) < roofline
+
+
+SHAPES = [
+    (1, 1, 1),
+    (1, 1_000_000, 128),
+    (1, 16384, 16384),
+    (37.5, 7168, 4096),  # an MoE expert's fractional rows under balanced routing
+    (129, 1000, 130),
+    (8192, 128, 8192),
+    (2048, 12288, 4608),
+    (16384, 16384, 16384),
+    (132 * 128 * 3, 8192, 128 * 2),
+]
+
+
+@pytest.mark.parametrize("preset", ["a100_80gb", "h100_sxm", "h800_sxm", "h200_sxm", "b200"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_efficiency_stays_within_zero_and_the_ceiling_for_any_shape(preset, dtype):
+    spec = gpu(preset)
+    fp8 = dtype == "fp8" and spec.fp8_dense_flops
+    ceiling = GEMM_MAX_FRACTION[preset] * (FP8_SUSTAINED_SCALE if fp8 else 1)
+    for shape in SHAPES:
+        assert 0 < gemm_efficiency(preset, *shape, dtype=dtype) <= ceiling, shape
+        assert gemm_seconds(preset, *shape, dtype=dtype) >= GEMM_KERNEL_LATENCY_S
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 16384), (128, 128), (1000, 3000), (8192, 2304)])
+def test_a_longer_k_never_lowers_the_efficiency(m, n):
+    """More work per tile amortises the fixed latency; waves and bytes both grow linearly in k."""
+    effs = [gemm_efficiency("h100_sxm", m, k, n) for k in (64, 512, 4096, 32768, 1 << 20)]
+    assert effs == sorted(effs)
+
+
+def test_fp8_runs_on_the_fp8_peak_with_an_unscaled_kernel_latency():
+    big = (8192, 8192, 8192)
+    bf16, fp8 = gemm_seconds("h100_sxm", *big), gemm_seconds("h100_sxm", *big, dtype="fp8")
+    speedup = 2 * FP8_SUSTAINED_SCALE  # FP8 peak 2× BF16, at 0.6 of the BF16 fraction: 1.2×
+    assert bf16 / fp8 == pytest.approx(speedup, rel=0.01)
+    tiny = (128, 128, 128)
+    assert gemm_seconds("h100_sxm", *tiny, dtype="fp8") > GEMM_KERNEL_LATENCY_S
+    assert gemm_seconds("h100_sxm", *tiny, dtype="fp8") / gemm_seconds("h100_sxm", *tiny) > 0.9
+    # no FP8 tensor cores on an A100: the BF16 kernel, on the BF16 peak
+    assert gemm_seconds("a100_80gb", *big, dtype="fp8") == gemm_seconds("a100_80gb", *big)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        gemm_seconds("h100_sxm", *big, dtype="fp16")
+
+
+def test_an_fp8_job_prices_its_layers_at_most_1_2x_the_bf16_path():
+    from dataclasses import replace
+
+    from dtlab.plan.compute import gemm_flops_per_second
+    from dtlab.plan.published import DEEPSEEK_V3_JOB, DEEPSEEK_V3_PLAN
+
+    fp8 = gemm_flops_per_second(DEEPSEEK_V3_JOB, DEEPSEEK_V3_PLAN)
+    bf16 = gemm_flops_per_second(replace(DEEPSEEK_V3_JOB, gemm_dtype="bf16"), DEEPSEEK_V3_PLAN)
+    assert 1.15 < fp8 / bf16 <= 2 * FP8_SUSTAINED_SCALE
 
 
 def test_large_gemms_approach_the_stated_ceiling_and_never_pass_it():
@@ -78,6 +152,12 @@ def test_the_sm_count_comes_from_the_gpu_preset():
     # 120 tiles: one wave on 132 SMs, two on the A100's 108
     assert gemm_waves("h100_sxm", 128 * 120, 128) == 1
     assert gemm_waves("a100_80gb", 128 * 120, 128) == 2
+
+
+def test_every_gpu_preset_states_its_gemm_ceiling():
+    from dtlab.cost.hardware import GPUS
+
+    assert set(GEMM_MAX_FRACTION) == set(GPUS)  # no silent default for a preset
 
 
 def test_gemm_sizes_must_be_positive():

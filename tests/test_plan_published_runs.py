@@ -10,7 +10,7 @@ what the published numbers imply.
 Since the GEMM model became waves of tiles measured on an H200 (:mod:`dtlab.plan.gemm`), Hopper
 GEMMs are priced at the sustained 0.69 of peak the longest measured burst ran at (the layer
 GEMMs of Llama 3 and DeepSeek-V3 at ~0.68), and every Hopper row is within ±15 %. The A100 rows
-are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs ~0.70–0.75), and two results fall
+are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.70–0.77), and two results fall
 just outside the goals: the 384-GPU PTD-P layout ranks at 27 % and the 1T job's best plan claims
 57.1 % 6N MFU. They are pinned below as the model's honest misses (no constant was retuned to
 win them back): a change that moves them fails here and must update the pin and the README.

@@ -13,9 +13,12 @@ in **waves** of one tile per SM (``sm_count`` on the GPU preset,
 one tile's ``2·128·128·K`` FLOPs take at ``η_max`` of one SM's share of the dense peak; a
 partial last wave costs a whole one (wave quantisation, NVIDIA "Matrix Multiplication
 Background User's Guide", Deep Learning Performance docs, "Wave quantization"). Each kernel also
-pays a fixed ``GEMM_KERNEL_LATENCY_S`` (launch inside a CUDA graph, prologue and epilogue):
+pays a fixed ``GEMM_KERNEL_LATENCY_S`` (launch inside a CUDA graph, prologue and epilogue),
+and no GEMM runs faster than HBM delivers its operands (the roofline floor that binds only for
+skinny shapes, ``min(M, N)`` below a few hundred: :mod:`dtlab.plan.gemm`):
 
-    t(M, K, N) = t₀ + waves · 2·128²·K / (η_max · peak / SMs),    η = 2·M·K·N / (peak · t)
+    t(M, K, N) = t₀ + max(waves · 2·128²·K / (η_max · peak / SMs), bytes / HBM),
+    η = 2·M·K·N / (peak · t)
 
 ``η_max`` is the fraction of the dense peak cuBLAS *sustains* on large BF16 GEMMs run back to
 back, as a training step runs them for seconds. On Hopper (H100, H800, H200: one GH100 die, one
@@ -38,9 +41,9 @@ every recorded point from 256³ to 8192³ — 256³ runs 4 tiles in one wave (�
 512³); a training step's kernels are queued ahead of the GPU, so the graphed figure is the one a
 step sees.
 
-**FP8 GEMMs** (DeepSeek-V3's recipe) run against the FP8 dense peak at ``FP8_SUSTAINED_SCALE``
-of the BF16 fraction, the quantisation kernels around them included: 0.6 makes the FP8 path
-1.2× the BF16 one. End-to-end FP8-vs-BF16 training speedups reported for per-tensor FP8 on H100
+**FP8 GEMMs** (DeepSeek-V3's recipe) run the same tiles and waves against the FP8 dense peak at
+``η_max · FP8_SUSTAINED_SCALE``, the quantisation kernels around them included, with the same
+unscaled ``t₀``: 0.6 makes a large FP8 GEMM 1.2× the BF16 one. End-to-end FP8-vs-BF16 training speedups reported for per-tensor FP8 on H100
 are ~1.2–1.4× (NVIDIA NeMo / Transformer Engine performance pages), and DeepSeek's fine-grained
 (1×128 / 128×128) scaling adds work: partial sums promoted to FP32 on CUDA cores every 128
 elements of K and activations re-quantised per tile (DeepSeek-AI 2024, Sec. 3.3.2). An
@@ -155,7 +158,8 @@ DEFAULT_USABLE_MEMORY_FRACTION = 0.9
 NCCL_RING_BASE_LATENCY_S = 8.4e-6
 """NCCL's ring/Simple base latency per collective: ``baseLat`` in ``src/graph/tuning.cc`` of the
 NCCL releases with Tree, Ring and CollNet only (before NVLS; read at NVIDIA/nccl commit
-01afd20a), the generation Megatron-LM 2021 ran on."""
+01afd20a, v2.7.5-1 of June 2020; unchanged in every release through 2.29), the
+generation Megatron-LM 2021 ran on."""
 
 NCCL_RING_NVLINK_HOP_S = 3.4e-6
 """NCCL's ring/Simple latency per step between two GPUs of a node over NVLink (``hwLat``, same
@@ -163,4 +167,4 @@ file and commit)."""
 
 NCCL_RING_NET_HOP_S = 9.6e-6
 """NCCL's ring/Simple latency per step that crosses the network (``hwLat``, same file and
-commit; later releases raise it to 14 µs)."""
+commit; 9.6 µs from 2.7 through 2.11 and again in 2.14–2.17, 28 µs in 2.12, 14 µs from 2.18)."""

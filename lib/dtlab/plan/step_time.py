@@ -94,7 +94,7 @@ class StepTime:
     attention_s: float = 0.0  # of compute_s, causal attention
     idle_s: float = 0.0
     mfu_attention: float = 0.0  # on 6N + causal attention
-    gemm_efficiency: float = 0.0  # the layer GEMMs' share of peak (waves of tiles, plan.gemm)
+    gemm_efficiency: float = 0.0  # layer GEMMs' share of their dtype's peak (plan.gemm)
 
     @property
     def tp_hideable_s(self) -> float:
