@@ -54,11 +54,11 @@ from dtlab.comm import Communicator
 from dtlab.models.moe import MoE, moe_layers
 
 
-def _summed(counts: torch.Tensor, comms, name: str) -> torch.Tensor:
+def _summed(counts: torch.Tensor, communicators, name: str) -> torch.Tensor:
     """``counts`` (detached, float64 — exact for integers below 2⁵³ — on their own device)
-    all-reduced over each communicator in ``comms`` in turn."""
+    all-reduced over each communicator in ``communicators`` in turn."""
     summed = counts.detach().to(torch.float64).clone()
-    for comm in comms:
+    for comm in communicators:
         if comm is not None and comm.world_size > 1:
             comm.all_reduce(summed, name=f"{comm.dim}.{name}")
     return summed
@@ -138,18 +138,18 @@ def count_like_one_process(
 
 
 @torch.no_grad()
-def step_balancing_biases(model: nn.Module, *comms: Communicator) -> None:
+def step_balancing_biases(model: nn.Module, *communicators: Communicator) -> None:
     """DeepSeek-V3's bias step on the load one process sees: every bias-balanced MoE layer's
-    tokens per expert (its latest forward) summed over each group in ``comms`` — ``dp``, and
+    tokens per expert (its latest forward) summed over each group in ``communicators`` — ``dp``, and
     ``cp`` too under context parallel (one all-reduce per group for all layers) — so the bias,
     a buffer that steers every rank's routing, stays equal on every rank and to one process's.
-    With ``comms = (dp,)`` it steps as :func:`~dtlab.parallel.expert.update_balancing_biases`
+    With ``communicators = (dp,)`` it steps as :func:`~dtlab.parallel.expert.update_balancing_biases`
     does (which sums float32 loads; these are float64, exact for any count below 2⁵³)."""
     layers = [m for m in moe_layers(model) if m.moe.bias_balancing]
     if not layers:
         return
     device = layers[0].balancing_bias.device
     loads = torch.tensor([m.stats.tokens_per_expert for m in layers], device=device)
-    loads = _summed(loads, comms, "moe_load_all_reduce")
+    loads = _summed(loads, communicators, "moe_load_all_reduce")
     for layer, load in zip(layers, loads, strict=True):
         layer.update_balancing_bias(load)
