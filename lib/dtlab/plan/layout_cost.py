@@ -31,7 +31,7 @@ from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume
 from dtlab.memory import activation_bytes_per_layer, model_state_bytes, shard_numel
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
-from dtlab.plan.stages import activation_layers_in_flight
+from dtlab.plan.stages import activation_layers_in_flight, representative_devices
 from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
 
 
@@ -113,7 +113,10 @@ def pipeline_bubble(req: Requirements, plan: ParallelPlan) -> float:
     from dtlab.plan.compute import micro_batch_compute  # compute imports this module's peers
 
     m = max(1, int(micro_batches(req, plan)))
-    slow = max((micro_batch_compute(req, plan, i) for i in range(plan.pp)), key=lambda c: c.total_s)
+    # Devices with as many layers and no head compute the same: only the representatives can be
+    # the slowest (DualPipe pairs each device with its mirror, so every device is priced there).
+    devices = range(plan.pp) if plan.schedule == "dualpipe" else representative_devices(req, plan)
+    slow = max((micro_batch_compute(req, plan, i) for i in devices), key=lambda c: c.total_s)
     idle = schedule_idle(
         plan.schedule, plan.pp, plan.virtual_stages, slow.forward_s, slow.input_grad_s,
         slow.weight_grad_s,
