@@ -21,6 +21,7 @@
 
 # %%
 import itertools
+import time
 
 import plotly.graph_objects as go
 import torch
@@ -363,6 +364,61 @@ def ring_all_reduce_time(
 
 # %%
 check_exercise("collectives.ring_time", ring_all_reduce_time, cluster)
+
+# %% [markdown]
+# ### The same ring over another transport <a id="transport"></a>
+#
+# The α–β model has no term for *how* a message travels, yet on one machine that is most of β.
+# Our ring above posts its segments through the backend's sockets: each segment is copied into
+# the kernel by the sender and out of it by the receiver, and the sum is a third pass. NCCL never
+# uses sockets between GPUs of one node: it uses NVLink/P2P, or a shared-memory buffer
+# (its SHM transport). `C.all_reduce(t, transport="shm")` is that idea on CPU ranks of one host:
+# the **same ring** — the same steps, segments and counted bytes, the same order of sums, so the
+# same result bit for bit — through a shared-memory buffer per ring neighbour, with a one-byte
+# doorbell that a waiting rank sleeps on. The reduce step reads the neighbour's segment where it
+# lies and writes the partial sum straight into the next rank's slot: one pass over memory.
+#
+# Look for: the bytes each rank counted are the same for both transports (the algorithm did not
+# change), and the shared-memory ring's bus bandwidth several times the socket ring's and the
+# backend's own all-reduce (README's table: 2.3–3.8× at 16–64 MiB on this kind of machine). On a
+# GPU cluster the cell says it does not apply: device memory takes NVLink, not this.
+
+# %%
+TRANSPORT_BYTES = (16 if FAST else 64) << 20
+
+
+def time_transports(nbytes: int, repeats: int) -> dict:
+    if dtlab.device().type != "cpu":
+        return {}
+    x = torch.ones(nbytes // 4)
+    runs = {
+        "sockets (our ring)": lambda: C.all_reduce(x.clone(), algorithm="ring"),
+        "shared memory (our ring)": lambda: C.all_reduce(x.clone(), transport="shm"),
+        "the backend's all_reduce": lambda: dist.all_reduce(x.clone()),
+    }
+    out = {}
+    for name, run in runs.items():
+        run()  # warm-up: connections and buffers made once
+        times, sent = [], []
+        for _ in range(repeats):
+            dist.barrier()
+            with C.counting() as stats:
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            sent.append(stats.bytes_sent)
+        out[name] = (sorted(times)[len(times) // 2], sent[0])
+    return out
+
+
+transports = cluster.run(time_transports, TRANSPORT_BYTES, 3 if FAST else 9)[0]
+if not transports:
+    print("device tensors: the shared-memory transport is for CPU ranks of one host")
+for name, (seconds, sent) in transports.items():
+    busbw = 2 * (WORLD_SIZE - 1) / WORLD_SIZE * TRANSPORT_BYTES / seconds / 1e9
+    counted = f"{sent:,} B counted" if sent else "not counted (the backend's own)"
+    print(f"{name:>26}: {seconds * 1e3:7.1f} ms, busbw {busbw:5.2f} GB/s (measured), {counted}")
+print(f"ring formula: 2(N-1)/N·M = {2 * (WORLD_SIZE - 1) * TRANSPORT_BYTES // WORLD_SIZE:,} B")
 
 # %% [markdown]
 # ## 8. Why NCCL is topology-aware <a id="topology"></a>
@@ -827,6 +883,9 @@ ask("data_parallel.ring_vs_tree_rounding")
 
 # %%
 ask("collectives.nccl_timeout")
+
+# %%
+ask("collectives.transport_not_algorithm")
 
 # %% [markdown]
 # ## 12. Shut the cluster down
