@@ -29,8 +29,10 @@ from dtlab.comm.autograd import (
     all_to_all_rows,
     copy_to_group,
     gather_along,
+    gather_slices_along,
     reduce_from_group,
     reduce_scatter_along,
+    slice_along,
 )
 from dtlab.comm.background import QueuedCollective
 from dtlab.comm.communicator import Communicator
@@ -48,9 +50,11 @@ __all__ = [
     "all_to_all_rows",
     "copy_to_group",
     "gather_along",
+    "gather_slices_along",
     "group_containing",
     "nbytes",
     "reduce_from_group",
     "reduce_scatter_along",
+    "slice_along",
     "ring_bytes_sent",
 ]

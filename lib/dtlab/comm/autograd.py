@@ -13,6 +13,8 @@ function                 forward                           backward
 ``gather_along``         all-gather along ``dim``          reduce-scatter along ``dim``
 ``reduce_scatter_along`` reduce-scatter along ``dim``      all-gather along ``dim``
 ``all_to_all_rows``      all-to-all of dim-0 rows          the inverse all-to-all
+``slice_along``          keep this rank's slice of ``dim``  all-gather along ``dim``
+``gather_slices_along``  all-gather along ``dim``           keep this rank's slice of ``dim``
 =======================  ================================  ================================
 
 Sequence parallelism (Korthikanti et al., 2022) replaces ``f``/``g`` with ``gather_along`` /
@@ -104,6 +106,29 @@ class _ReduceScatterAlong(torch.autograd.Function):
         return _all_gather_dim(grad, ctx.dim, ctx.comm), None, None
 
 
+class _SliceAlong(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, comm):
+        _check_divisible(x, dim, comm)
+        ctx.dim, ctx.comm = dim, comm
+        return x.chunk(comm.world_size, dim)[comm.rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_dim(grad, ctx.dim, ctx.comm), None, None
+
+
+class _GatherSlicesAlong(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, comm):
+        ctx.dim, ctx.comm = dim, comm
+        return _all_gather_dim(x, dim, comm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.comm.world_size, ctx.dim)[ctx.comm.rank].contiguous(), None, None
+
+
 class _AllToAllRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, output_splits, input_splits):
@@ -156,3 +181,17 @@ def all_to_all_rows(
     is the same exchange with the splits swapped, so each gradient row goes home.
     """
     return _AllToAllRows.apply(x, comm, output_splits, input_splits)
+
+
+def slice_along(x: torch.Tensor, dim: int, comm: Communicator) -> torch.Tensor:
+    """This rank's ``1/N`` slice of a tensor every rank holds whole (no message); backward
+    all-gathers the slices' gradients. The pair of :func:`gather_slices_along`: work split over
+    ranks that hold the same input (each TP rank routes its own slice of the tokens)."""
+    return _SliceAlong.apply(x, dim % x.dim(), comm)
+
+
+def gather_slices_along(x: torch.Tensor, dim: int, comm: Communicator) -> torch.Tensor:
+    """All-gather the ranks' slices along ``dim``; backward keeps this rank's slice of a gradient
+    that is the same on every rank (unlike :func:`gather_along`, whose gradient is a partial sum
+    to reduce-scatter)."""
+    return _GatherSlicesAlong.apply(x, dim % x.dim(), comm)

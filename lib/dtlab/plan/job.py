@@ -30,6 +30,16 @@ from dtlab.cost.hardware import fabric
 from dtlab.plan.constants import DEFAULT_MAX_BUBBLE, DEFAULT_USABLE_MEMORY_FRACTION
 
 
+def fields_hash_once(obj) -> int:
+    """A frozen dataclass's hash of its fields, computed once and kept on the instance: the
+    planner hashes thousands of jobs and plans per search (the ``__hash__`` of both)."""
+    cached = obj.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(tuple(getattr(obj, f.name) for f in fields(obj)))
+        object.__setattr__(obj, "_hash", cached)
+    return cached
+
+
 @dataclass(frozen=True)
 class Requirements:
     """What the job must do and what it runs on (sizes as in the Llama 2 paper's models)."""
@@ -73,13 +83,7 @@ class Requirements:
     fp32_grads: bool = False  # policy: gradients accumulated and reduced in FP32 (Llama 3)
     cp_kind: str = "ring"  # requirement: "allgather" CP where document masks must work (Llama 3)
 
-    def __hash__(self) -> int:
-        """Hash of the fields, computed once: the planner hashes thousands of these per search."""
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+    __hash__ = fields_hash_once
 
     @property
     def counts_tensors(self) -> bool:

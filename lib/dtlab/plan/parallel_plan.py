@@ -25,9 +25,10 @@ hides forward's TP collectives too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from dtlab.mesh import Layout
+from dtlab.plan.job import fields_hash_once
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "zb-h1", "dualpipe", "dualpipev")
@@ -54,13 +55,7 @@ class ParallelPlan:
     fp32_grad_accum: bool = False  # gradients accumulated and reduced in FP32
     async_tp: bool = False  # collective matmul: forward TP collectives hidden under GEMMs
 
-    def __hash__(self) -> int:
-        """Hash of the fields, computed once: the planner hashes thousands of these per search."""
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+    __hash__ = fields_hash_once
 
     @property
     def world_size(self) -> int:

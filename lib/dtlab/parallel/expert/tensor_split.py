@@ -42,51 +42,12 @@ and the same for the z-loss's mean. The step reports the loss with the ``t`` par
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 
-from dtlab.comm import Communicator
+from dtlab.comm import Communicator, gather_slices_along, slice_along
 from dtlab.models.moe import MoE, is_expert_param, moe_layers
 
 SEQ_DIM = 1  # (batch, sequence, d_model), as the tensor-parallel layers use
-
-
-def _gather(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    moved = x.movedim(SEQ_DIM, 0).contiguous()
-    full = moved.new_empty((comm.world_size * moved.shape[0], *moved.shape[1:]))
-    comm.all_gather(full.view(-1), moved.view(-1), name=f"{comm.dim}.moe_all_gather")
-    return full.movedim(0, SEQ_DIM)
-
-
-def _slice(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    return x.chunk(comm.world_size, SEQ_DIM)[comm.rank].contiguous()
-
-
-class _KeepSlice(torch.autograd.Function):
-    """Forward: this rank's slice of a replicated tensor. Backward: all-gather the slices."""
-
-    @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return _slice(x, comm)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.comm), None
-
-
-class _GatherSlices(torch.autograd.Function):
-    """Forward: all-gather the slices into the replicated tensor. Backward: keep this rank's
-    slice of a gradient that is the same on every rank."""
-
-    @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return _gather(x, comm)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _slice(grad, ctx.comm), None
 
 
 def split_moe_over_tp(moe: MoE, comm: Communicator, sequence_parallel: bool) -> MoE:
@@ -115,11 +76,11 @@ def split_moe_over_tp(moe: MoE, comm: Communicator, sequence_parallel: bool) -> 
                 f"input {tuple(x.shape)} does not split — feed sequences whose length (per "
                 f"context-parallel rank) is a multiple of {t}, or use sequence_parallel=True"
             )
-        return (_KeepSlice.apply(x, comm), *args[1:])
+        return (slice_along(x, SEQ_DIM, comm), *args[1:])
 
     def gather_slices(_module, _args, output):
         out, aux = output
-        return _GatherSlices.apply(out, comm), aux / t
+        return gather_slices_along(out, SEQ_DIM, comm), aux / t
 
     moe.register_forward_pre_hook(keep_slice)
     moe.register_forward_hook(gather_slices)
