@@ -131,7 +131,8 @@ def test_unused_parameter_flags_of_a_model_without_parameters_sit_on_the_ranks_d
     from dtlab.parallel.data.base import DataParallelBase
 
     monkeypatch.setattr(context, "device", lambda: META)
-    assert DataParallelBase._used_here(SimpleNamespace(params=[])).device == META
+    flags = DataParallelBase._usage_flags(SimpleNamespace(params=[], _local_usage=[]))
+    assert flags.device == META
 
 
 def test_shard_sequence_returns_positions_on_the_tokens_device():

@@ -10,17 +10,32 @@ what the published numbers imply.
 Since the GEMM model became waves of tiles measured on an H200 (:mod:`dtlab.plan.gemm`), Hopper
 GEMMs are priced at the sustained 0.69 of peak the longest measured burst ran at (the layer
 GEMMs of Llama 3 and DeepSeek-V3 at ~0.68), and every Hopper row is within ±15 %. The A100 rows
-are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.70–0.77), and two results fall
-just outside the goals: the 384-GPU PTD-P layout ranks at 27 % and the 1T job's best plan claims
-57.1 % 6N MFU. They are pinned below as the model's honest misses (no constant was retuned to
-win them back): a change that moves them fails here and must update the pin and the README.
+are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.70–0.77). Korthikanti et al.
+2022's seven measured iteration times on the same A100s (:mod:`dtlab.plan.published_selective`)
+check that A100 pricing where the 2021 rows cannot: with selective recomputation the planner is
+within −10 … +4 % of every one, and it predicts the full-recomputation tax they measured.
+
+One result stays just outside the goals: the 384-GPU PTD-P layout of 2021 ranks at 27 %. Of the
+plans ahead of it, half use selective recomputation (and the sequence parallelism the memory
+model assumes), which that paper did not have and which Korthikanti et al. measured 1.32× faster
+on this model and cluster (the recompute-tax test). It is pinned below as the model's honest miss
+(no constant was retuned to win it back): a change that moves it fails here and must update the
+pin and the README. The best-plan cap is held against the best published MFU of the same model on
+the same GPU (:func:`~dtlab.plan.published.best_published_mfu_6n`): for the 2021 1T job its
+winner's 57.1 % is 1.03× the 55.5 % Korthikanti et al. ran on that model, above the 55 % floor
+against the 2021 run's own 38.7 %.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from dtlab.plan.published import PUBLISHED_RUNS, compare
+from dtlab.plan.published import (
+    PUBLISHED_RUNS,
+    SELECTIVE_RUNS,
+    best_published_mfu_6n,
+    compare,
+)
 from dtlab.plan.zero3_gap import (
     implied_zero3_bandwidth,
     latency_share_of_gap,
@@ -31,8 +46,6 @@ from dtlab.plan.zero3_gap import (
 
 RANK_MISSES = {"GPT-3 175B, 384 A100 PTD-P": 0.27}
 """Share of the planner's passing plans faster than the published layout, just over 0.25."""
-CAP_MISSES = {"GPT 1T, 3,072 A100 PTD-P": 0.571}
-"""6N MFU of the planner's best plan where it passes 55 % (1.48× the published 38.7 %)."""
 
 WITHIN_REACH = [r for r in PUBLISHED_RUNS if "ZeRO-3" not in r.name]
 ZERO3 = [r for r in PUBLISHED_RUNS if "ZeRO-3" in r.name]
@@ -47,6 +60,7 @@ def test_the_published_table_covers_llama3_megatron_and_deepseek():
     names = [r.name for r in PUBLISHED_RUNS]
     assert sum("Llama 3" in n for n in names) == 3 and sum("DeepSeek" in n for n in names) == 1
     assert sum("PTD-P" in n for n in names) == 4 and len(ZERO3) == 3
+    assert len(SELECTIVE_RUNS) == 7 and all(r in PUBLISHED_RUNS for r in SELECTIVE_RUNS)
     llama_8k = PUBLISHED_RUNS[1]
     assert (llama_8k.plan.tp, llama_8k.plan.cp, llama_8k.plan.pp, llama_8k.plan.dp) == (
         8,
@@ -79,14 +93,35 @@ def test_the_published_layout_ranks_in_the_fastest_quarter_of_the_planners_own(r
 
 
 @pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
-def test_the_best_plan_claims_no_more_than_the_cap_over_the_jobs_best_published_mfu(run, compared):
+def test_the_best_plan_claims_no_more_than_the_cap_over_the_models_best_published_mfu(
+    run, compared
+):
     same_job = [r for r in PUBLISHED_RUNS if r.job == run.job]
-    cap = max(1.25 * max(r.mfu_6n for r in same_job), 0.55)
-    best = compared[run.name].best.mfu
-    if run.name in CAP_MISSES:
-        assert best > cap and best == pytest.approx(CAP_MISSES[run.name], abs=0.005)
-    else:
-        assert best <= cap
+    assert best_published_mfu_6n(run.job) >= max(r.mfu_6n for r in same_job)
+    cap = max(1.25 * best_published_mfu_6n(run.job), 0.55)
+    assert compared[run.name].best.mfu <= cap
+
+
+def test_the_1t_winner_is_the_plan_korthikanti_ran_at_the_mfu_they_measured(compared):
+    """The 2021 1T job's winner claims more than 55 % on 6N — what the same model reached on
+    the same A100s with TP 8, a deep pipeline and selective recomputation in 2022."""
+    c = compared["GPT 1T, 3,072 A100 PTD-P"]
+    assert c.best.mfu > 0.55 and c.best_plan.recompute == "selective" and c.best_plan.tp == 8
+    assert best_published_mfu_6n(c.run.job) == pytest.approx(0.555, abs=0.002)
+    assert c.best.mfu / best_published_mfu_6n(c.run.job) < 1.05
+
+
+@pytest.mark.parametrize("model", ["GPT-3 175B", "MT-NLG 530B, 280", "GPT 1T"])
+def test_the_planner_predicts_the_recompute_tax_korthikanti_measured(model, compared):
+    """Full recomputation (one more forward) over SP + selective, same layout: measured
+    1.32 / 1.30 / 1.32× (Table 5); the model's ratio within 5 % of each."""
+    full, selective = (
+        next(r for r in SELECTIVE_RUNS if r.name.startswith(model) and label in r.name)
+        for label in ("full recompute", "SP + selective")
+    )
+    measured = full.step_s / selective.step_s
+    predicted = compared[full.name].predicted.step_s / compared[selective.name].predicted.step_s
+    assert 1.28 < measured < 1.33 and predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_zero3_is_the_stated_gap_the_model_prices_it_faster_than_measured(compared):

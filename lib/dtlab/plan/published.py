@@ -1,9 +1,9 @@
 """Published large runs, as jobs and layouts the planner prices: the model held against reality.
 
-Each :class:`PublishedRun` is one row of a paper: the job (model shapes, batch, hardware, and
-the paper's own **policy** — how much HBM it planned into and how large a bubble it accepted),
-the layout it ran, and the throughput it reported. Published step time is derived from the
-reported throughput under the paper's own FLOP convention:
+Each :class:`~dtlab.plan.published_run.PublishedRun` is one row of a paper: the job (model
+shapes, batch, hardware, and the paper's own **policy** — how much HBM it planned into and how
+large a bubble it accepted), the layout it ran, and the throughput it reported. Published step
+time is derived from the reported throughput under the paper's own FLOP convention:
 
 * **Llama 3 405B** (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec. 3.3, Table 4; 126
   layers, d 16,384, FFN 53,248 SwiGLU, 128 heads / 8 K/V heads, vocabulary 128,256; H100 with
@@ -35,6 +35,11 @@ reported throughput under the paper's own FLOP convention:
   **The ZeRO-3 rows are outside the model's reach**, and it says so: it predicts them 1.3–4.1×
   faster than measured. What their traffic implies, and how little NCCL's ring latency adds
   (2–4 % of the gap): :mod:`dtlab.plan.zero3_gap`.
+* **Korthikanti et al. 2022** (:mod:`dtlab.plan.published_selective`): the same GPTs on the same
+  Selene A100s with sequence parallelism and selective recomputation, and with full
+  recomputation — seven measured iteration times. They pin the recomputation tax and the
+  A100 MFU ceiling (55–56 % on 6N) the planner's winners for the 2021 jobs claim
+  (:func:`best_published_mfu_6n`).
 * **DeepSeek-V3** (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 3–4): 671B (37B
   active), 61 layers, d 7,168, 128 heads (MLA priced as attention of width 20,480: 128 heads
   of 192 for ``Q·Kᵀ`` and 128 for ``A·V``, averaged), 3 dense layers (FFN 18,432) and 58 MoE
@@ -51,72 +56,25 @@ reported throughput under the paper's own FLOP convention:
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from dtlab.cost import gpu
 from dtlab.plan.job import Requirements
 from dtlab.plan.large_jobs import DEEPSEEK_V3, LLAMA3_405B
+from dtlab.plan.megatron_jobs import GPT3_175B, GPT_1T
 from dtlab.plan.parallel_plan import ParallelPlan
-from dtlab.plan.step_time import StepTime
+from dtlab.plan.published_run import (
+    PlannerVsPublished,
+    PublishedRun,
+    causal_flops_per_step,
+    compare,
+    megatron_flops_per_step,
+)
+from dtlab.plan.published_selective import SELECTIVE_RUNS
 from dtlab.plan.zero3_gap import implied_zero3_bandwidth, zero3_bytes_per_gpu
 
 LLAMA3_SOURCE = "Dubey et al. 2024, The Llama 3 Herd of Models, Sec. 3.3, Table 4"
 MEGATRON_SOURCE = "Narayanan et al. 2021, Megatron-LM on GPU clusters, Table"
 DEEPSEEK_SOURCE = "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, Sec. 1 and 3.2"
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    """One published row: the job, its layout, and the throughput the paper reports."""
-
-    name: str
-    source: str
-    job: Requirements
-    plan: ParallelPlan
-    tflops_per_gpu: float  # as the paper reports it, under its own FLOP convention
-    flops_per_step: float  # the paper's FLOP convention, whole step, all GPUs
-
-    @property
-    def step_s(self) -> float:
-        """Published step time: the paper's FLOPs over ``GPUs × reported FLOP/s``."""
-        return self.flops_per_step / (self.job.n_gpus * self.tflops_per_gpu * 1e12)
-
-    @property
-    def mfu_6n(self) -> float:
-        """Published step as MFU on ``6N`` (active parameters) and the dense BF16 peak."""
-        peak = gpu(self.job.gpu).bf16_dense_flops * self.job.n_gpus
-        return 6 * self.job.active_params * self.job.global_batch_tokens / (peak * self.step_s)
-
-    @property
-    def mfu_attention(self) -> float:
-        """Published step as MFU on ``6N + 6·L·s·w`` (causal attention)."""
-        from dtlab.plan.compute import attention_flops_per_token
-
-        peak = gpu(self.job.gpu).bf16_dense_flops * self.job.n_gpus
-        flops = (6 * self.job.active_params + attention_flops_per_token(self.job)) * (
-            self.job.global_batch_tokens
-        )
-        return flops / (peak * self.step_s)
-
-
-def causal_flops_per_step(job: Requirements) -> float:
-    """``(6N + 6·L·s·w) · tokens``: the convention this module reads Llama 3's figures in."""
-    from dtlab.plan.compute import attention_flops_per_token
-
-    return (6 * job.active_params + attention_flops_per_token(job)) * job.global_batch_tokens
-
-
-def megatron_flops_per_step(job: Requirements) -> float:
-    """Narayanan et al. 2021's count: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
-    b, s, layers, h, v = (
-        job.global_batch_sequences,
-        job.seq_len,
-        job.n_layers,
-        job.d_model,
-        job.vocab_size,
-    )
-    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
 LLAMA3_405B_8K = replace(
@@ -148,34 +106,6 @@ def _llama3(gpus: int, seq: int, cp: int, tflops: float) -> PublishedRun:
     dp = gpus // (8 * 16 * cp)
     plan = replace(LLAMA3_PLAN, dp=dp, cp=cp, cp_kind="allgather" if cp > 1 else "ring")
     return PublishedRun(job.name, LLAMA3_SOURCE, job, plan, tflops, causal_flops_per_step(job))
-
-
-GPT3_175B = Requirements(
-    "GPT-3 175B (Megatron-LM 2021)",
-    12 * 96 * 12288**2 + (51200 + 2048) * 12288,
-    96,
-    12288,
-    96,
-    2048,
-    300e9,
-    1536 * 2048,
-    384,
-    gpu="a100_80gb",
-    nic_bytes_per_s=25e9,
-    vocab_size=51_200,
-    max_bubble=1.0,
-    flash_attention=False,
-)
-GPT_1T = replace(
-    GPT3_175B,
-    name="GPT 1T (Megatron-LM 2021)",
-    params=12 * 128 * 25600**2 + (51200 + 2048) * 25600,
-    n_layers=128,
-    d_model=25600,
-    n_heads=160,
-    global_batch_tokens=3072 * 2048,
-    n_gpus=3072,
-)
 
 
 def _megatron(job: Requirements, gpus: int, tp: int, pp: int, zero: int, tflops: float, table: int):
@@ -220,71 +150,31 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _megatron(GPT3_175B, 1536, 1, 1, 3, 44, 2),
     _megatron(GPT_1T, 3072, 8, 64, 0, 163, 1),
     _deepseek(),
+    *SELECTIVE_RUNS,
 )
 """Every published row the planner is held against (module docstring)."""
+
+
+def best_published_mfu_6n(job: Requirements) -> float:
+    """The highest 6N MFU any published run of ``job``'s model (its parameters) reached on
+    ``job``'s GPU: what a winner the planner proposes for ``job`` is held to. For the 2021 1T
+    job that is Korthikanti et al. 2022's 55.5 % on the same model and cluster, not the 2021
+    run's own 38.7 % — the plan the planner prefers (TP 8, a deep pipeline, selective
+    recomputation) is the one that paper ran."""
+    return max(
+        r.mfu_6n for r in PUBLISHED_RUNS if r.job.params == job.params and r.job.gpu == job.gpu
+    )
+
 
 __all__ = [
     "PUBLISHED_RUNS",
     "PlannerVsPublished",
     "PublishedRun",
+    "SELECTIVE_RUNS",
+    "best_published_mfu_6n",
+    "causal_flops_per_step",
     "compare",
+    "megatron_flops_per_step",
     "implied_zero3_bandwidth",
     "zero3_bytes_per_gpu",
 ]
-
-
-@dataclass(frozen=True)
-class PlannerVsPublished:
-    """One published run against the planner: acceptance, step, rank, best plan's claim."""
-
-    run: PublishedRun
-    problems: tuple[str, ...]  # [] when the published layout passes under the paper's policy
-    predicted: StepTime
-    passing_steps: tuple[float, ...]  # the planner's own passing plans, fastest first
-    best_plan: ParallelPlan
-    best: StepTime
-
-    @property
-    def step_ratio(self) -> float:
-        """Predicted over published step time (1.0 exact; within 0.85–1.15 is the goal)."""
-        return self.predicted.step_s / self.run.step_s
-
-    @property
-    def rank(self) -> int:
-        """How many of the planner's passing plans are faster than the published layout."""
-        return bisect.bisect_left(self.passing_steps, self.predicted.step_s)
-
-    @property
-    def rank_fraction(self) -> float:
-        """:attr:`rank` as a share of the passing plans (under 0.25: the fastest quarter)."""
-        return self.rank / max(1, len(self.passing_steps))
-
-    @property
-    def best_mfu_ratio(self) -> float:
-        """The planner's best plan's 6N MFU over the published 6N MFU."""
-        return self.best.mfu / self.run.mfu_6n
-
-
-def compare(run: PublishedRun) -> PlannerVsPublished:
-    """Price ``run``'s layout, and every plan the planner would try for its job."""
-    from dtlab.plan.problems import plan_problems
-    from dtlab.plan.search import candidate_plans
-    from dtlab.plan.step_time import step_time
-
-    timed = sorted(
-        (
-            (step_time(run.job, p), p)
-            for p in candidate_plans(run.job)
-            if not plan_problems(run.job, p)
-        ),
-        key=lambda pair: pair[0].step_s,
-    )
-    best, best_plan = timed[0] if timed else (step_time(run.job, run.plan), run.plan)
-    return PlannerVsPublished(
-        run,
-        tuple(plan_problems(run.job, run.plan)),
-        step_time(run.job, run.plan),
-        tuple(t.step_s for t, _ in timed),
-        best_plan,
-        best,
-    )

@@ -26,7 +26,13 @@ from dtlab.plan.large_jobs import CAPSTONE_JOBS
 from dtlab.plan.layout_cost import StepTraffic, traffic_per_gpu
 from dtlab.plan.memory_by_category import MemoryPerGPU, memory_per_gpu
 from dtlab.plan.parallel_plan import ParallelPlan
-from dtlab.plan.published import PUBLISHED_RUNS, PlannerVsPublished, PublishedRun, compare
+from dtlab.plan.published import (
+    PUBLISHED_RUNS,
+    PlannerVsPublished,
+    PublishedRun,
+    best_published_mfu_6n,
+    compare,
+)
 from dtlab.plan.search import first_plan_that_fits
 from dtlab.plan.step_time import StepTime, fastest_plans, step_time
 
@@ -102,7 +108,8 @@ def format_published(c: PlannerVsPublished) -> str:
         f"{r.step_s:.2f} s → {t.step_s:.2f} s ({c.step_ratio:.2f}) | "
         f"{r.mfu_6n:.1%} / {t.mfu:.1%} | {r.mfu_attention:.1%} / {t.mfu_attention:.1%} | "
         f"{c.rank + 1} of {len(c.passing_steps)} ({c.rank_fraction:.0%}) | "
-        f"{c.best_plan.describe()}: {c.best.mfu:.1%} ({c.best_mfu_ratio:.2f}× published) |"
+        f"{c.best_plan.describe()}: {c.best.mfu:.1%} ({c.best_mfu_ratio:.2f}× this run, "
+        f"{c.best.mfu / best_published_mfu_6n(r.job):.2f}× the model's best published) |"
     )
 
 

@@ -113,21 +113,27 @@ class DataParallelBase(nn.Module):
     def _complete_reduction(self) -> None:
         raise NotImplementedError
 
-    def _used_here(self) -> torch.Tensor:
-        device = self.params[0].device if self.params else context.device()  # NCCL: not CPU
-        return torch.tensor(
-            [p.grad is not None for p in self.params], dtype=torch.int32, device=device
-        )
+    def _remember_local_usage(self) -> None:
+        """Which parameters got a gradient on this rank, kept as a Python list: the tensor the
+        ranks compare is built only when ``find_unused_parameters`` needs it (on a GPU, building
+        it from host data every step would stall the host until the backward finishes)."""
+        if self.find_unused_parameters:
+            self._local_usage = [p.grad is not None for p in self.params]
 
     def _zero_fill_missing(self) -> None:
         """Remember who had a gradient, then give every parameter one (zeros if unused here)."""
-        self._local_usage = self._used_here()
+        self._remember_local_usage()
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
+    def _usage_flags(self) -> torch.Tensor:
+        """:meth:`_remember_local_usage`'s list as int32 flags on the ranks' device."""
+        device = self.params[0].device if self.params else context.device()  # NCCL: not CPU
+        return torch.tensor(self._local_usage, dtype=torch.int32, device=device)
+
     def _drop_globally_unused(self) -> None:
-        usage = self._local_usage.clone()
+        usage = self._usage_flags()
         # A control message, not gradient traffic: not added to comm_stats, drawn as control.
         self.comm.all_reduce_control(usage, name="unused_parameters")
         for p, used in zip(self.params, usage.tolist(), strict=True):

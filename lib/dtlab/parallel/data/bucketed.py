@@ -6,7 +6,15 @@ produce their gradients) until a bucket reaches ``bucket_cap_mb``; the first buc
 smaller (``first_bucket_mb``) so communication starts as early as possible. One bucket holds one
 dtype. When the last gradient of a bucket arrives, the bucket (a flat buffer the gradients were
 copied into) is all-reduced asynchronously; buckets launch in index order on every rank.
-:meth:`finish_gradient_synchronization` waits, divides by N and copies the averages back.
+:meth:`finish_gradient_synchronization` waits and divides each bucket by N.
+
+**Gradients as bucket views** (torch DDP's ``gradient_as_bucket_view=True``): the hook copies a
+fresh gradient into its slot once and then makes ``p.grad`` that slot, a view of the bucket, so
+the averages need no copy back; while the view stays (``zero_grad(set_to_none=False)``, or
+gradient accumulation under :meth:`no_sync`) autograd accumulates straight into the bucket and
+even the copy in goes. On a GPU every copy is a kernel the host must launch per parameter, and
+host time per parameter is what a Python DDP pays over torch's C++ reducer. A parameter that is
+not contiguous keeps its own gradient (a view would change its layout) and is copied both ways.
 
 Bytes per rank per step are the same as naive DDP, 2(N-1)/N * Ψ * bytes_per_grad, but spread over
 ``len(buckets)`` collectives instead of one per parameter: fewer latency (α) terms than
@@ -36,15 +44,42 @@ class Bucket:
     buffer: torch.Tensor
 
     def __post_init__(self) -> None:
-        # Each parameter's view of the buffer, made once: a gradient hook then costs one copy,
-        # not a slice, a view and a copy (host time per parameter is DDP's overhead on a GPU).
+        # Each parameter's view of the buffer, made once: a gradient hook then costs at most one
+        # copy, not a slice, a view and a copy (host time per parameter is DDP's cost on a GPU).
         self._slots = [
             self.buffer[offset : offset + p.numel()].view_as(p)
             for p, offset in zip(self.params, self.offsets, strict=True)
         ]
+        self._adoptable = [p.is_contiguous() for p in self.params]
 
     def slot(self, i: int) -> torch.Tensor:
         return self._slots[i]
+
+    def holds_gradient_of(self, i: int) -> bool:
+        """Whether parameter ``i``'s ``.grad`` is already its slot (autograd wrote into it)."""
+        grad = self.params[i].grad
+        return grad is not None and grad.data_ptr() == self._slots[i].data_ptr()
+
+    def take_gradient(self, i: int) -> None:
+        """Copy parameter ``i``'s fresh gradient into its slot, and make the slot its ``.grad``."""
+        if self.holds_gradient_of(i):
+            return
+        p = self.params[i]
+        self._slots[i].copy_(p.grad)
+        if self._adoptable[i]:
+            p.grad = self._slots[i]
+
+    def give_back_averages(self) -> None:
+        """After the all-reduce: every parameter's ``.grad`` holds its average."""
+        for i, p in enumerate(self.params):
+            if self.holds_gradient_of(i):
+                continue
+            if p.grad is not None:
+                p.grad.copy_(self._slots[i])
+            elif self._adoptable[i]:
+                p.grad = self._slots[i]
+            else:
+                p.grad = self._slots[i].clone()
 
 
 class BucketedDDP(DataParallelBase):
@@ -86,7 +121,7 @@ class BucketedDDP(DataParallelBase):
             return
         self._queue_finish()
         b, i = self._where[id(p)]
-        self.buckets[b].slot(i).copy_(p.grad)
+        self.buckets[b].take_gradient(i)
         self._missing[b] -= 1
         self._launch_full_prefix()
 
@@ -103,7 +138,7 @@ class BucketedDDP(DataParallelBase):
             self._next_to_launch += 1
 
     def _complete_reduction(self) -> None:
-        self._local_usage = self._used_here()
+        self._remember_local_usage()
         for b, bucket in enumerate(self.buckets):
             if b < self._next_to_launch:
                 continue
@@ -116,9 +151,5 @@ class BucketedDDP(DataParallelBase):
             pending.wait()
         for bucket in self.buckets:
             bucket.buffer.div_(self.world_size)
-            for i, p in enumerate(bucket.params):
-                if p.grad is None:
-                    p.grad = bucket.slot(i).clone()
-                else:
-                    p.grad.copy_(bucket.slot(i))
+            bucket.give_back_averages()
         self._pending = []

@@ -1,0 +1,68 @@
+"""Megatron-LM's GPT models on Selene, as jobs: GPT-3 175B, MT-NLG 530B and the 1T model.
+
+Selene (Narayanan et al. 2021, Sec. 5; Korthikanti et al. 2022, Sec. 6): DGX A100 nodes, eight
+80 GB A100s on NVSwitch, eight 200 Gb/s HDR InfiniBand NICs per node (25 GB/s each, one per
+GPU). Every model has sequence length 2,048 and vocabulary 51,200, and its parameters count as
+``12·L·h² + (V + s)·h`` (layers, embeddings and positions). Megatron-LM of 2021 and 2022 had no
+flash attention: the scores go through HBM (``flash_attention=False``).
+
+* :data:`GPT3_175B` — 96 layers, h 12,288, 96 heads; the 2021 paper's batch of 1,536
+  sequences on 384 GPUs (Table 2).
+* :data:`GPT_1T` — 128 layers, h 25,600, 160 heads; batch 3,072 on 3,072 GPUs (Table 1).
+* :data:`MT_NLG_530B` — 105 layers, h 20,480, 128 heads (Smith et al. 2022; Korthikanti et al.
+  2022, Table 3).
+
+Policy (each paper's, as far as it states one): 90 % of HBM planned, no bubble cap (the papers
+report throughput whatever the bubble).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dtlab.plan.job import Requirements
+
+
+def gpt_params(layers: int, hidden: int, vocab: int = 51_200, seq: int = 2048) -> int:
+    """``12·L·h² + (V + s)·h``: a GPT's layers, token embedding and learned positions."""
+    return 12 * layers * hidden**2 + (vocab + seq) * hidden
+
+
+GPT3_175B = Requirements(
+    "GPT-3 175B (Megatron-LM 2021)",
+    gpt_params(96, 12288),
+    96,
+    12288,
+    96,
+    2048,
+    300e9,
+    1536 * 2048,
+    384,
+    gpu="a100_80gb",
+    nic_bytes_per_s=25e9,
+    vocab_size=51_200,
+    max_bubble=1.0,
+    flash_attention=False,
+)
+GPT_1T = replace(
+    GPT3_175B,
+    name="GPT 1T (Megatron-LM 2021)",
+    params=gpt_params(128, 25600),
+    n_layers=128,
+    d_model=25600,
+    n_heads=160,
+    global_batch_tokens=3072 * 2048,
+    n_gpus=3072,
+)
+MT_NLG_530B = replace(
+    GPT3_175B,
+    name="MT-NLG 530B",
+    params=gpt_params(105, 20480),
+    n_layers=105,
+    d_model=20480,
+    n_heads=128,
+    global_batch_tokens=280 * 2048,
+    n_gpus=280,
+)
+SELENE_MODELS = (GPT3_175B, MT_NLG_530B, GPT_1T)
+"""The three GPT shapes Megatron-LM ran on Selene, smallest first."""

@@ -1,0 +1,144 @@
+"""A published training run as the planner sees it, and the planner held against it.
+
+A :class:`PublishedRun` is one row of a paper: the job (model shapes, batch, hardware, and the
+paper's own **policy** — how much HBM it planned into and how large a bubble it accepted), the
+layout it ran, and the throughput it reported, under the paper's own FLOP convention (one
+function each here: :func:`causal_flops_per_step`, :func:`megatron_flops_per_step`,
+:func:`korthikanti_model_flops`). :func:`compare` prices the layout and every plan the planner
+would try for the same job (:class:`PlannerVsPublished`). The rows themselves are in
+:mod:`dtlab.plan.published` and :mod:`dtlab.plan.published_selective`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from dtlab.cost import gpu
+from dtlab.plan.job import Requirements
+from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.step_time import StepTime
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published row: the job, its layout, and the throughput the paper reports."""
+
+    name: str
+    source: str
+    job: Requirements
+    plan: ParallelPlan
+    tflops_per_gpu: float  # as the paper reports it, under its own FLOP convention
+    flops_per_step: float  # the paper's FLOP convention, whole step, all GPUs
+
+    @property
+    def step_s(self) -> float:
+        """Published step time: the paper's FLOPs over ``GPUs × reported FLOP/s``."""
+        return self.flops_per_step / (self.job.n_gpus * self.tflops_per_gpu * 1e12)
+
+    @property
+    def mfu_6n(self) -> float:
+        """Published step as MFU on ``6N`` (active parameters) and the dense BF16 peak."""
+        peak = gpu(self.job.gpu).bf16_dense_flops * self.job.n_gpus
+        return 6 * self.job.active_params * self.job.global_batch_tokens / (peak * self.step_s)
+
+    @property
+    def mfu_attention(self) -> float:
+        """Published step as MFU on ``6N + 6·L·s·w`` (causal attention)."""
+        from dtlab.plan.compute import attention_flops_per_token
+
+        peak = gpu(self.job.gpu).bf16_dense_flops * self.job.n_gpus
+        flops = (6 * self.job.active_params + attention_flops_per_token(self.job)) * (
+            self.job.global_batch_tokens
+        )
+        return flops / (peak * self.step_s)
+
+
+def causal_flops_per_step(job: Requirements) -> float:
+    """``(6N + 6·L·s·w) · tokens``: the convention this module reads Llama 3's figures in."""
+    from dtlab.plan.compute import attention_flops_per_token
+
+    return (6 * job.active_params + attention_flops_per_token(job)) * job.global_batch_tokens
+
+
+def megatron_flops_per_step(job: Requirements) -> float:
+    """Narayanan et al. 2021's count: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
+    b, s, layers, h, v = (
+        job.global_batch_sequences,
+        job.seq_len,
+        job.n_layers,
+        job.d_model,
+        job.vocab_size,
+    )
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def korthikanti_model_flops(job: Requirements) -> float:
+    """Korthikanti et al. 2022's model FLOPs per step (Appendix A, Eq. 7):
+    ``72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L))`` — the whole (not causal) attention square and the logits
+    counted, recomputation not (their MFU's numerator)."""
+    b, s, layers, h, v = (
+        job.global_batch_sequences,
+        job.seq_len,
+        job.n_layers,
+        job.d_model,
+        job.vocab_size,
+    )
+    return 72 * b * layers * s * h * h * (1 + s / (6 * h) + v / (12 * h * layers))
+
+
+@dataclass(frozen=True)
+class PlannerVsPublished:
+    """One published run against the planner: acceptance, step, rank, best plan's claim."""
+
+    run: PublishedRun
+    problems: tuple[str, ...]  # [] when the published layout passes under the paper's policy
+    predicted: StepTime
+    passing_steps: tuple[float, ...]  # the planner's own passing plans, fastest first
+    best_plan: ParallelPlan
+    best: StepTime
+
+    @property
+    def step_ratio(self) -> float:
+        """Predicted over published step time (1.0 exact; within 0.85–1.15 is the goal)."""
+        return self.predicted.step_s / self.run.step_s
+
+    @property
+    def rank(self) -> int:
+        """How many of the planner's passing plans are faster than the published layout."""
+        return bisect.bisect_left(self.passing_steps, self.predicted.step_s)
+
+    @property
+    def rank_fraction(self) -> float:
+        """:attr:`rank` as a share of the passing plans (under 0.25: the fastest quarter)."""
+        return self.rank / max(1, len(self.passing_steps))
+
+    @property
+    def best_mfu_ratio(self) -> float:
+        """The planner's best plan's 6N MFU over the published 6N MFU."""
+        return self.best.mfu / self.run.mfu_6n
+
+
+def compare(run: PublishedRun) -> PlannerVsPublished:
+    """Price ``run``'s layout, and every plan the planner would try for its job."""
+    from dtlab.plan.problems import plan_problems
+    from dtlab.plan.search import candidate_plans
+    from dtlab.plan.step_time import step_time
+
+    timed = sorted(
+        (
+            (step_time(run.job, p), p)
+            for p in candidate_plans(run.job)
+            if not plan_problems(run.job, p)
+        ),
+        key=lambda pair: pair[0].step_s,
+    )
+    best, best_plan = timed[0] if timed else (step_time(run.job, run.plan), run.plan)
+    return PlannerVsPublished(
+        run,
+        tuple(plan_problems(run.job, run.plan)),
+        step_time(run.job, run.plan),
+        tuple(t.step_s for t, _ in timed),
+        best_plan,
+        best,
+    )
