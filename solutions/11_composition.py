@@ -443,22 +443,26 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 #
 # A model earns trust by agreeing with runs it was not fitted to. `dtlab.plan.published` states
 # Llama 3 405B's three Table 4 rows, Megatron-LM 2021's GPT-3 175B (PTD-P and ZeRO-3, Table 2) and
-# 1T (Table 1), and DeepSeek-V3 as jobs — model shapes, batch, hardware and each paper's own
-# policy (how much HBM it planned into) — with the layout each ran and the throughput it reported,
-# turned into a step time under the paper's own FLOP convention. Below: each published layout
-# priced by the planner, with MFU on both bases (6N, and 6N + causal attention). Look for:
-# every layout accepted; Llama 3 (0.89–0.93 of its published step), DeepSeek-V3 (0.90), PTD-P
-# and the 1T run (0.92–0.98) within ±15 %, all a little fast, with GEMMs priced by the model
-# measured on an H200 (waves of tiles: large GEMMs at the ~69 % of peak a long burst sustains on
-# Hopper, small ones far below); Llama 3's 131K row at 38 % on the attention-counting basis but
-# 23 % on 6N; and the ZeRO-3 rows predicted 1.3–4.1× too fast — the model's stated gap: their
-# measured steps imply about one NIC's bandwidth per GPU (~20 GB/s at 1,536 GPUs) where the
-# fabric offers 200 GB/s to a TP-1 ring, and NCCL's ring latency explains only 2–4 % of it. In
-# full mode the table also ranks each layout among the planner's own passing plans and shows what
-# the planner's best plan claims (`python -m dtlab.plan.worked --published`); two A100 results
-# miss the goals there, priced at a stated, unmeasured A100 GEMM ceiling: the 384-GPU PTD-P
-# layout ranks at 27 % (goal: the fastest quarter) and the best 1T plan claims 57 % 6N MFU (cap:
-# 55 %).
+# 1T (Table 1), Korthikanti et al. 2022's measured iteration times for the same GPTs on the same
+# A100s (with sequence parallelism and selective recomputation, and with full recomputation),
+# and DeepSeek-V3 as jobs — model shapes, batch, hardware and each paper's own policy (how much
+# HBM it planned into) — with the layout each ran and the throughput it reported, turned into a
+# step time under the paper's own FLOP convention. Below: each published layout priced by the
+# planner, with MFU on both bases (6N, and 6N + causal attention). Look for: every layout
+# accepted and every step within ±15 % — Llama 3 (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the
+# 1T run (0.92–0.98), Korthikanti's seven (0.99–1.12), with GEMMs priced by the model measured on
+# an H200 (waves of tiles: large GEMMs at the ~69 % of peak a long burst sustains on Hopper,
+# small ones far below); the recomputation tax Korthikanti measured (full over selective,
+# 1.30–1.32×) predicted within 5 %; Llama 3's 131K row at 38 % on the attention-counting basis
+# but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran stage 3 in 2021: one
+# collective per parameter tensor, each after a device-wide sync, with host work that grows with
+# the number of ranks — so the step is ``C/N + k·N``, and 768 and 1,536 GPUs take the same 67 s.
+# Priced as a modern per-layer ZeRO-3 (FSDP) those rows would be 1.3–4.1× faster than measured:
+# no bandwidth term explains a step that stops falling. In full mode the table also ranks each
+# layout among the planner's own passing plans and shows what the planner's best plan claims
+# (`python -m dtlab.plan.worked --published`). One result misses a goal there: the 384-GPU
+# PTD-P layout ranks at 27 % (goal: the fastest quarter); half the plans ahead of it use
+# selective recomputation, which Korthikanti et al. measured 1.32× faster on this very model.
 
 # %%
 if FAST:
@@ -474,7 +478,8 @@ else:
 # ~21× at the cost of whole weights and FP32 gradients in memory. DeepSeek-V3: DualPipe leaves
 # ~0.4 of 1F1B's idle time and hides the all-to-alls; node-limited routing sends ~3.5 network
 # copies per token instead of 7; no TP, because memory fit without it. Megatron-LM 2021: ZeRO-3's
-# bytes per GPU stay constant while compute per GPU halves with every doubling.
+# bytes per GPU stay constant while compute per GPU halves with every doubling, and each of its
+# per-tensor collectives costs host work and latency that grow with N.
 
 # %%
 ask("system_design.llama3_dp_outermost")

@@ -29,8 +29,19 @@ def _variants():
         "bucketed": lambda m, **kw: BucketedDDP(
             m, find_unused_parameters=True, bucket_cap_mb=0.001, first_bucket_mb=0.0005, **kw
         ),
+        "bucket_views": lambda m, **kw: BucketedDDP(
+            m,
+            find_unused_parameters=True,
+            bucket_cap_mb=0.001,
+            first_bucket_mb=0.0005,
+            gradient_as_bucket_view=True,
+            **kw,
+        ),
         "torch_ddp": lambda m: DistributedDataParallel(m, find_unused_parameters=True),
     }
+
+
+OURS = ("naive", "overlapped", "bucketed", "bucket_views")
 
 
 def _train_every_variant_on_the_tied_toy_model() -> dict:
@@ -81,7 +92,7 @@ def _accumulate_with_no_sync_and_count_bytes() -> dict:
     lm_loss(reference(tokens), targets).backward()
     expected = {n: p.grad.clone() for n, p in reference.named_parameters() if p.grad is not None}
     out = {}
-    for name, wrap in list(_variants().items())[:3]:
+    for name, wrap in [(n, w) for n, w in _variants().items() if n in OURS]:
         model = TiedToyModel(seed=0)
         ddp = wrap(model, collectives="dtlab")  # our rings: the bytes below are counted
         ddp.find_unused_parameters = False
@@ -100,21 +111,34 @@ def _accumulate_with_no_sync_and_count_bytes() -> dict:
         out[f"{name}.calls"] = ddp.comm_stats.calls
         out[f"{name}.grad_numel"] = sum(p.numel() for p in ddp.params)
         out[f"{name}.buckets"] = len(getattr(ddp, "buckets", ()))
+        storages = {b.buffer.untyped_storage().data_ptr() for b in getattr(ddp, "buckets", ())}
+        out[f"{name}.grads_in_buckets"] = all(
+            p.grad.untyped_storage().data_ptr() in storages for p in ddp.params
+        )
+        # a second step without set_to_none accumulates into whatever .grad is (views included)
+        for p in ddp.params:
+            p.grad.zero_()
+        lm_loss(ddp(local_x), local_y).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        out[f"{name}.second_step_diff"] = max_abs_difference(grads, expected)
     return out
 
 
 def test_no_sync_accumulates_locally_and_counted_bytes_match_ring_formula(cluster4):
     world = 4
     for r in cluster4.run(_accumulate_with_no_sync_and_count_bytes):
-        for name in ("naive", "overlapped", "bucketed"):
+        for name in OURS:
             assert r[f"{name}.calls_after_no_sync"] == 0
             assert r[f"{name}.max_grad_diff"] < 1e-6, (name, r)
+            assert r[f"{name}.second_step_diff"] < 1e-6, (name, r)
             fp32_grad_bytes = 4 * r[f"{name}.grad_numel"]
             assert r[f"{name}.counted"]
             assert r[f"{name}.bytes_sent"] == 2 * (world - 1) / world * fp32_grad_bytes
         params = r["naive.grad_numel"] and r["naive.calls"]
         assert r["overlapped.calls"] == params  # one collective per parameter
         assert r["bucketed.calls"] == r["bucketed.buckets"] < params  # one per bucket
+        assert r["bucket_views.grads_in_buckets"]  # gradients are the buckets: no copy back
+        assert not r["bucketed.grads_in_buckets"]  # torch's default: separate memory
 
 
 def test_buckets_follow_reverse_registration_order_with_a_smaller_first_bucket():

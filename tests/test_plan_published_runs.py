@@ -3,17 +3,19 @@
 These are model outputs, not wall-clock measurements: the published layout passes under its
 paper's policy, its predicted step is within ±15 % of the published one, it ranks in the fastest
 quarter of the planner's own passing plans, and the planner's best plan claims at most 1.25× the
-job's best published MFU (or 55 % on 6N, whichever is higher). Megatron-LM 2021's ZeRO-3 rows are
-the model's stated gap (:mod:`dtlab.plan.zero3_gap`): a test pins what it predicts for them and
-what the published numbers imply.
+job's best published MFU (or 55 % on 6N, whichever is higher). Megatron-LM 2021's ZeRO-3 rows ran
+DeepSpeed's stage 3 of 2021 (:mod:`dtlab.plan.zero3_per_parameter`): priced that way they are
+within ±15 %, priced as a modern per-layer ZeRO-3 they are 1.3–4.1× too fast
+(:mod:`dtlab.plan.zero3_gap`), and the paper's own comparison (PTD-P 1.06 / 1.69 / 3.2× faster)
+comes out of the model. They are the baseline the paper beat, so the rank goal is not theirs.
 
 Since the GEMM model became waves of tiles measured on an H200 (:mod:`dtlab.plan.gemm`), Hopper
 GEMMs are priced at the sustained 0.69 of peak the longest measured burst ran at (the layer
 GEMMs of Llama 3 and DeepSeek-V3 at ~0.68), and every Hopper row is within ±15 %. The A100 rows
 are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.70–0.77). Korthikanti et al.
 2022's seven measured iteration times on the same A100s (:mod:`dtlab.plan.published_selective`)
-check that A100 pricing where the 2021 rows cannot: with selective recomputation the planner is
-within −10 … +4 % of every one, and it predicts the full-recomputation tax they measured.
+check that A100 pricing where the 2021 rows cannot: the planner predicts each of them at 0.99–1.12
+of its measured time, and the full-recomputation tax they measured within 5 %.
 
 One result stays just outside the goals: the 384-GPU PTD-P layout of 2021 ranks at 27 %. Of the
 plans ahead of it, half use selective recomputation (and the sequence parallelism the memory
@@ -28,6 +30,8 @@ against the 2021 run's own 38.7 %.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dtlab.plan.published import (
@@ -36,6 +40,7 @@ from dtlab.plan.published import (
     best_published_mfu_6n,
     compare,
 )
+from dtlab.plan.step_time import step_time
 from dtlab.plan.zero3_gap import (
     implied_zero3_bandwidth,
     latency_share_of_gap,
@@ -43,11 +48,13 @@ from dtlab.plan.zero3_gap import (
     zero3_bytes_per_gpu,
     zero3_ring_latency_s,
 )
+from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 RANK_MISSES = {"GPT-3 175B, 384 A100 PTD-P": 0.27}
 """Share of the planner's passing plans faster than the published layout, just over 0.25."""
 
-WITHIN_REACH = [r for r in PUBLISHED_RUNS if "ZeRO-3" not in r.name]
+CHOSEN_LAYOUTS = [r for r in PUBLISHED_RUNS if "ZeRO-3" not in r.name]
+"""The layouts each paper chose (its ZeRO-3 rows are the baseline PTD-P beat)."""
 ZERO3 = [r for r in PUBLISHED_RUNS if "ZeRO-3" in r.name]
 
 
@@ -76,12 +83,12 @@ def test_each_published_layout_passes_under_its_papers_policy(run, compared):
     assert compared[run.name].problems == ()
 
 
-@pytest.mark.parametrize("run", WITHIN_REACH, ids=lambda r: r.name)
+@pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
 def test_the_predicted_step_is_within_15_percent_of_the_published_one(run, compared):
     assert 0.85 <= compared[run.name].step_ratio <= 1.15
 
 
-@pytest.mark.parametrize("run", WITHIN_REACH, ids=lambda r: r.name)
+@pytest.mark.parametrize("run", CHOSEN_LAYOUTS, ids=lambda r: r.name)
 def test_the_published_layout_ranks_in_the_fastest_quarter_of_the_planners_own(run, compared):
     c = compared[run.name]
     assert len(c.passing_steps) > 100
@@ -124,16 +131,57 @@ def test_the_planner_predicts_the_recompute_tax_korthikanti_measured(model, comp
     assert 1.28 < measured < 1.33 and predicted == pytest.approx(measured, rel=0.05)
 
 
-def test_zero3_is_the_stated_gap_the_model_prices_it_faster_than_measured(compared):
-    """The model's DP bytes for ZeRO-3 are the same at every scale (3·Ψ·2 per micro-batch);
-    measured throughput falls as compute per GPU shrinks, and the implied bandwidth drops to
-    about one HDR NIC (25 GB/s) — the model hides it behind compute at 200 GB/s instead."""
+def test_zero3_priced_per_layer_is_too_fast_and_no_bandwidth_explains_it(compared):
+    """As FSDP would run them (one flat gather per layer, prefetched), the model's DP bytes for
+    ZeRO-3 are the same at every scale (3·Ψ·2 per micro-batch) and mostly hidden; measured
+    throughput falls as compute per GPU shrinks, and the implied bandwidth drops to about one
+    HDR NIC (25 GB/s) — no bandwidth term falls with N."""
     bytes_per_gpu = [zero3_bytes_per_gpu(r) for r in ZERO3]
     assert max(bytes_per_gpu) / min(bytes_per_gpu) < 1.01
     implied = [implied_zero3_bandwidth(r) for r in ZERO3]
     assert implied == sorted(implied, reverse=True) and 15e9 < implied[-1] < 25e9
-    ratios = [compared[r.name].step_ratio for r in ZERO3]
-    assert ratios == sorted(ratios, reverse=True) and ratios[-1] < 0.5
+    per_layer = [
+        step_time(r.job, replace(r.plan, zero3_collectives="per_layer")).step_s / r.step_s
+        for r in ZERO3
+    ]
+    assert per_layer == sorted(per_layer, reverse=True) and per_layer[-1] < 0.5
+
+
+def test_deepspeed_2021_zero3_makes_768_and_1536_gpus_take_about_the_same_step(compared):
+    """C/N + k·N: compute halves, the per-rank host loops and ring latencies double."""
+    at_768, at_1536 = (compared[r.name].predicted.step_s for r in ZERO3[1:])
+    assert ZERO3[1].step_s == pytest.approx(ZERO3[2].step_s)  # published: 74 days each
+    assert at_1536 / at_768 == pytest.approx(1.0, abs=0.25)
+    for r in ZERO3:
+        t = compared[r.name].predicted
+        assert t.dp_exposed_s > 0.1 * t.step_s  # the host loops are on the critical path
+
+
+@pytest.mark.parametrize("gpus", [384, 768, 1536])
+def test_the_planner_reproduces_the_papers_ptd_p_over_zero3_speedup(gpus, compared):
+    """Narayanan et al. 2021, Sec. 5.2: PTD-P beats ZeRO-3 by 6 % at 384 GPUs and ~70 % once
+    the GPUs double; at 1,536 it is 3.2× faster. The model: 1.03 / 1.59 / 3.72× — each within
+    20 % (the last is two ±15 % predictions' errors compounded: PTD-P 0.92, ZeRO-3 1.07)."""
+    ptd, zero3 = (next(r for r in PUBLISHED_RUNS if r.name == f"GPT-3 175B, {gpus:,} A100 {k}")
+                  for k in ("PTD-P", "ZeRO-3"))  # fmt: skip
+    published = zero3.step_s / ptd.step_s
+    predicted = compared[zero3.name].predicted.step_s / compared[ptd.name].predicted.step_s
+    assert predicted == pytest.approx(published, rel=0.2) and predicted > 1
+
+
+def test_per_parameter_zero3_costs_more_with_more_ranks_and_with_recomputation():
+    run = ZERO3[0]
+    exposed = [
+        per_parameter_exposed_s(run.job, replace(run.plan, dp=dp), 1) for dp in (96, 384, 1536)
+    ]
+    assert exposed == sorted(exposed) and exposed[0] > 0
+    no_rerun = replace(run.plan, recompute="selective")
+    assert per_parameter_exposed_s(run.job, no_rerun, 1) < per_parameter_exposed_s(
+        run.job, run.plan, 1
+    )
+    assert (
+        per_parameter_exposed_s(run.job, replace(run.plan, zero3_collectives="per_layer"), 1) == 0
+    )
 
 
 def test_nccl_ring_latency_grows_with_every_rank_and_more_with_every_node():
@@ -144,7 +192,7 @@ def test_nccl_ring_latency_grows_with_every_rank_and_more_with_every_node():
     assert nccl_ring_latency_s(1536, 8) == pytest.approx(6.41e-3, rel=0.01)
 
 
-def test_ring_latency_explains_under_5_percent_of_the_zero3_gap():
+def test_ring_latency_per_layer_explains_under_5_percent_of_the_zero3_gap():
     """288 ring collectives per step (3 per layer, one micro-batch) at NCCL's own latencies:
     0.46 / 0.92 / 1.85 s against gaps of 20 / 35 / 50 s — real, growing with N, but small."""
     latencies = [zero3_ring_latency_s(r) for r in ZERO3]

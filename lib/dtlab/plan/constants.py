@@ -168,3 +168,16 @@ file and commit)."""
 NCCL_RING_NET_HOP_S = 9.6e-6
 """NCCL's ring/Simple latency per step that crosses the network (``hwLat``, same file and
 commit; 9.6 µs from 2.7 through 2.11 and again in 2.14–2.17, 28 µs in 2.12, 14 µs from 2.18)."""
+
+ZERO3_LIST_ENTRY_HOST_S = 9e-6
+"""Host seconds per rank of one list collective of DeepSpeed's 2021 ZeRO-3 (v0.3.13–v0.5.4,
+:mod:`dtlab.plan.zero3_per_parameter`), the midpoint of a 7–11 µs estimate: one pass of
+``_allgather_param``'s Python loop over the world (``narrow``, ``get_rank(group)``, ``append``:
+2.2–2.7 µs per rank measured on this project's 2-core CPU under torch 2.13, 6.0 µs in a loaded
+run — ``python -m dtlab.perf.list_collective_loop``), plus the copy kernel PyTorch's list
+``all_gather``/``reduce_scatter`` launches per rank out of (or into) its flat buffer, ~5 µs (a
+C++ launch: the lent H200's eager per-op floor was 11.1 µs from Python, README "On a lent GPU",
+of which a C++ caller skips the Python half — stated, not measured). Not measured on a 2021
+host (PyTorch 1.8, Python 3.8, AMD EPYC 7742), which was slower per operation than this one.
+The three published rows it prices stay within ±15 % for 8.0–10.1 µs, so they check the
+mechanism's shape (``C/N + k·N``) more than this constant."""

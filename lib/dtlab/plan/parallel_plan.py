@@ -20,7 +20,9 @@ holds two copies of its stage, or ``"dualpipev"``, its one-copy V-shaped variant
 step's first forward to its last backward — Llama 3's FSDP — which costs, in bytes and memory,
 what ZeRO-1 costs); ``fp32_grad_accum`` (gradients accumulated across micro-batches and reduced
 in FP32: 4 B per parameter instead of 2, Llama 3 Sec. 3.3.4); ``async_tp`` (collective matmul
-hides forward's TP collectives too).
+hides forward's TP collectives too); ``zero3_collectives`` (ZeRO-3 only: ``"per_layer"``, a
+flat buffer per layer as FSDP gathers it, or ``"per_parameter"``, DeepSpeed's 2021 stage 3 —
+one list collective per tensor behind a device sync, :mod:`dtlab.plan.zero3_per_parameter`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dtlab.plan.job import fields_hash_once
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "zb-h1", "dualpipe", "dualpipev")
 CP_KINDS = ("ring", "allgather")
+ZERO3_COLLECTIVES = ("per_layer", "per_parameter")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ParallelPlan:
     reshard_after_forward: bool = True  # ZeRO-3 only; False: Llama 3's FSDP
     fp32_grad_accum: bool = False  # gradients accumulated and reduced in FP32
     async_tp: bool = False  # collective matmul: forward TP collectives hidden under GEMMs
+    zero3_collectives: str = "per_layer"  # ZeRO-3: "per_layer" (FSDP) or "per_parameter" (DS 2021)
 
     __hash__ = fields_hash_once
 
@@ -103,6 +107,9 @@ class ParallelPlan:
             "no reshard" if self.zero_stage == 3 and not self.reshard_after_forward else "",
             "fp32 grads" if self.fp32_grad_accum else "",
             "async TP" if self.async_tp else "",
+            "per-parameter"
+            if self.zero_stage == 3 and self.zero3_collectives != "per_layer"
+            else "",
         ]
         tail = "".join(f" {e}" for e in extras if e)
         return (

@@ -31,7 +31,7 @@ from dtlab.mesh.layout_rules import (
 from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
-from dtlab.plan.parallel_plan import CP_KINDS, RECOMPUTE, SCHEDULES, ParallelPlan
+from dtlab.plan.parallel_plan import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO3_COLLECTIVES, ParallelPlan
 from dtlab.plan.stages import stage_problems
 
 
@@ -47,6 +47,11 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     if plan.schedule not in SCHEDULES:
         problems.append(f"schedule={plan.schedule!r} is not a choice; use one of {SCHEDULES}")
         return problems
+    if plan.zero3_collectives not in ZERO3_COLLECTIVES:
+        problems.append(
+            f"zero3_collectives={plan.zero3_collectives!r} is not a choice; use one of "
+            f"{ZERO3_COLLECTIVES}"
+        )
     if plan.cp_kind not in CP_KINDS:
         problems.append(f"cp_kind={plan.cp_kind!r} is not a choice; use one of {CP_KINDS}")
     problems += stage_problems(req, plan)

@@ -12,7 +12,8 @@ device (stages need not be equal), this model adds up:
   CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
   them, or only what outlasts a micro-batch's compute under DualPipe), PP's fill and drain hops,
   and the DP sync on device 0 beyond the backward that follows its gradients there (ZeRO-2/3:
-  per micro-batch, with prefetch);
+  per micro-batch, with prefetch; DeepSpeed 2021's per-parameter ZeRO-3 adds its host loops and
+  ring latencies, :mod:`dtlab.plan.zero3_per_parameter`);
 * **the schedule's idle time** (:func:`dtlab.cost.bubble.schedule_idle`: 1F1B, interleaved,
   ZB-H1, DualPipe/DualPipeV) from those ``F``, ``B``, ``W`` with their exposed communication.
 
@@ -58,6 +59,7 @@ from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
 from dtlab.plan.search import candidate_plans
 from dtlab.plan.stages import representative_devices
+from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 __all__ = [
     "StepTime",
@@ -214,6 +216,7 @@ def step_time(
     if not (plan.zero_stage == 2 or (plan.zero_stage == 3 and plan.reshard_after_forward)):
         per_step_hidden = max(0.0, dp_all - dp_step)
     pp_s, pp_shown = pp_exposed_s(req, plan)
+    dp_step += per_parameter_exposed_s(req, plan, m)  # DeepSpeed 2021's ZeRO-3 only
     step = pipeline + pp_shown + dp_step + overlap_cost(req, per_step_hidden + pp_s - pp_shown)
     c = slow.compute
     tokens = req.global_batch_tokens

@@ -1,32 +1,29 @@
-"""Megatron-LM 2021's ZeRO-3 rows: what their data-parallel traffic implies, and what latency adds.
+"""Megatron-LM 2021's ZeRO-3 rows priced as FSDP would run them: what their traffic implies.
 
 Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", Sec. 5.2, Table 2) ran GPT-3 175B with DeepSpeed ZeRO-3 and no model parallelism
 on 384 / 768 / 1,536 A100s at a fixed batch of 1,536 (micro-batch 4 / 2 / 1: one micro-batch per
 GPU per step) and measured 144 / 88 / 44 TFLOP/s per GPU — the same step time at 768 and 1,536
-GPUs (74 training days each for 300B tokens). The planner prices each GPU's ``3·Ψ·2`` bytes per
-micro-batch (two all-gathers and a reduce-scatter of the whole model, 1,050 GB at 175B) at what
-eight HDR NICs per node give a TP-1 ring (200 GB/s) and hides them behind compute with
-prefetch, so it predicts those steps 1.3–4.1× faster than measured. The gap is not explained:
+GPUs (74 training days each for 300B tokens). Priced as a modern ZeRO-3 (``zero3_collectives=
+"per_layer"``: each GPU's ``3·Ψ·2`` bytes per micro-batch — two all-gathers and a reduce-scatter
+of the whole model, 1,050 GB at 175B — at what eight HDR NICs per node give a TP-1 ring, 200
+GB/s, one flat collective per layer, prefetched behind compute), the planner predicts those
+steps 1.3–4.1× faster than measured. Neither bandwidth nor latency at that granularity explains
+it:
 
 * **Bandwidth** (:func:`implied_zero3_bandwidth`): were nothing hidden, the published steps
-  would imply 50 / 29 / 20 GB/s per GPU — falling towards one HDR NIC (25 GB/s) as N grows, with
-  the bytes per GPU constant.
-* **Ring latency** (:func:`zero3_ring_latency_s`): NCCL runs all-gather and reduce-scatter as
-  rings only (no tree), ``N − 1`` steps each, priced with NCCL's own pre-NVLS tuning constants
-  (:mod:`dtlab.plan.constants`: 8.4 µs per call, 3.4 µs per NVLink step, 9.6 µs per network step)
-  — 1.6 / 3.2 / 6.4 ms per collective at 384 / 768 / 1,536 GPUs. At ``3·L`` = 288 collectives
-  per micro-batch (one gather for forward, one for backward — the full recomputation's rerun
-  shares it — and one gradient reduce-scatter per layer) that is 0.46 / 0.92 / 1.85 s per step:
-  **2–4 % of the gap** even if all of it were exposed, and none of it is under the model's
-  prefetch (a 6 ms gather hides under a layer's ~40 ms forward at 1,536 GPUs). So the planner
-  does not add it: it is real but does not move these rows.
+  would imply 50 / 29 / 20 GB/s per GPU — falling towards one HDR NIC (25 GB/s) as N grows,
+  with the bytes per GPU constant: no bandwidth term falls with N.
+* **Ring latency per layer** (:func:`zero3_ring_latency_s`): NCCL runs all-gather and
+  reduce-scatter as rings only (no tree), ``N − 1`` steps each, priced with NCCL's own pre-NVLS
+  tuning constants (:mod:`dtlab.plan.constants`: 8.4 µs per call, 3.4 µs per NVLink step, 9.6 µs
+  per network step) — 1.6 / 3.2 / 6.4 ms per collective at 384 / 768 / 1,536 GPUs. At ``3·L`` =
+  288 collectives per micro-batch that is 0.46 / 0.92 / 1.85 s per step: 2–4 % of the gap.
 
-What remains is the implementation the model does not see: how DeepSpeed's 2021 stage 3
-grouped, issued and overlapped its collectives. Were it one collective per parameter tensor
-rather than per layer, the latency would grow by the ~12 tensors of a GPT layer (weight and bias
-of QKV, projection and the two MLP GEMMs, two LayerNorms' scale and shift) to 27 / 31 / 44 % of
-the gap, and more if not hidden — a hypothesis, not checked against DeepSpeed's code here.
+What does explain it is how DeepSpeed's stage 3 of 2021 issued its collectives — one per
+parameter tensor, each behind a device-wide synchronize, with host work linear in N — priced by
+:mod:`dtlab.plan.zero3_per_parameter` (``zero3_collectives="per_parameter"``, what the published
+rows carry): 0.92 / 0.88 / 1.07 of the published steps.
 """
 
 from __future__ import annotations
@@ -92,8 +89,12 @@ def zero3_ring_latency_s(run: PublishedRun) -> float:
 
 
 def latency_share_of_gap(run: PublishedRun) -> float:
-    """:func:`zero3_ring_latency_s` as a share of ``published − predicted`` step: how much of
-    the gap the ring latency could explain were all of it exposed."""
+    """:func:`zero3_ring_latency_s` as a share of ``published − predicted`` step, the run
+    priced as a per-layer ZeRO-3: how much of that gap the ring latency could explain were all
+    of it exposed."""
+    from dataclasses import replace
+
     from dtlab.plan.step_time import step_time
 
-    return zero3_ring_latency_s(run) / (run.step_s - step_time(run.job, run.plan).step_s)
+    per_layer = replace(run.plan, zero3_collectives="per_layer")
+    return zero3_ring_latency_s(run) / (run.step_s - step_time(run.job, per_layer).step_s)

@@ -8,9 +8,11 @@ dtype. When the last gradient of a bucket arrives, the bucket (a flat buffer the
 copied into) is all-reduced asynchronously; buckets launch in index order on every rank.
 :meth:`finish_gradient_synchronization` waits and divides each bucket by N.
 
-**Gradients as bucket views** (torch DDP's ``gradient_as_bucket_view=True``): the hook copies a
-fresh gradient into its slot once and then makes ``p.grad`` that slot, a view of the bucket, so
-the averages need no copy back; while the view stays (``zero_grad(set_to_none=False)``, or
+**Gradients as bucket views** (``gradient_as_bucket_view=True``, torch DDP's option of the same
+name; off by default, as in torch, so gradients and buckets are separate memory — what lab 03
+measures): the hook copies a fresh gradient into its slot once and then makes ``p.grad`` that
+slot, a view of the bucket, so the averages need no copy back and the gradients need no memory
+of their own; while the view stays (``zero_grad(set_to_none=False)``, or
 gradient accumulation under :meth:`no_sync`) autograd accumulates straight into the bucket and
 even the copy in goes. On a GPU every copy is a kernel the host must launch per parameter, and
 host time per parameter is what a Python DDP pays over torch's C++ reducer. A parameter that is
@@ -42,6 +44,7 @@ class Bucket:
     params: list[nn.Parameter]
     offsets: list[int]
     buffer: torch.Tensor
+    as_views: bool = False  # gradient_as_bucket_view
 
     def __post_init__(self) -> None:
         # Each parameter's view of the buffer, made once: a gradient hook then costs at most one
@@ -50,13 +53,15 @@ class Bucket:
             self.buffer[offset : offset + p.numel()].view_as(p)
             for p, offset in zip(self.params, self.offsets, strict=True)
         ]
-        self._adoptable = [p.is_contiguous() for p in self.params]
+        self._adoptable = [self.as_views and p.is_contiguous() for p in self.params]
 
     def slot(self, i: int) -> torch.Tensor:
         return self._slots[i]
 
     def holds_gradient_of(self, i: int) -> bool:
         """Whether parameter ``i``'s ``.grad`` is already its slot (autograd wrote into it)."""
+        if not self._adoptable[i]:
+            return False
         grad = self.params[i].grad
         return grad is not None and grad.data_ptr() == self._slots[i].data_ptr()
 
@@ -93,6 +98,7 @@ class BucketedDDP(DataParallelBase):
         bucket_cap_mb: float = 25.0,
         first_bucket_mb: float | None = 1.0,
         collectives: str = "torch",
+        gradient_as_bucket_view: bool = False,
     ) -> None:
         super().__init__(module, process_group, find_unused_parameters, collectives)
         self.buckets: list[Bucket] = []
@@ -102,7 +108,10 @@ class BucketedDDP(DataParallelBase):
             total = offsets[-1] + group[-1].numel()
             self.buckets.append(
                 Bucket(
-                    group, offsets, torch.zeros(total, dtype=group[0].dtype, device=group[0].device)
+                    group,
+                    offsets,
+                    torch.zeros(total, dtype=group[0].dtype, device=group[0].device),
+                    gradient_as_bucket_view,
                 )
             )
             for i, p in enumerate(group):
