@@ -131,3 +131,17 @@ def test_bad_cp_degrees_are_refused_with_what_to_choose():
         parallelize_context(GPT(config, seed=0), FourRanks(), "ulysses")
     with pytest.raises(ValueError, match="zig-zag"):
         parallelize_context(GPT(GPTConfig.tiny(seq_len=12, d_model=32)), FourRanks(), "zigzag")
+
+
+def test_unmasked_scores_counts_what_the_causal_mask_keeps_for_any_positions():
+    from dtlab.models.attention import future_mask
+    from dtlab.parallel.context.blockwise import unmasked_scores
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        q = torch.randint(0, 40, (int(torch.randint(1, 25, (1,), generator=g)),), generator=g)
+        k = torch.randint(0, 40, (int(torch.randint(1, 25, (1,), generator=g)),), generator=g)
+        assert unmasked_scores(q, k, True) == int((~future_mask(q, k)).sum())
+        assert unmasked_scores(q, k, False) == len(q) * len(k)
+    batched = torch.arange(12).view(2, 6)  # (B, S): the mask path, summed over rows
+    assert unmasked_scores(batched, batched, True) == 2 * 21

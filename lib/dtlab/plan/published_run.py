@@ -12,6 +12,7 @@ would try for the same job (:class:`PlannerVsPublished`). The rows themselves ar
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 
 from dtlab.cost import gpu
@@ -119,20 +120,29 @@ class PlannerVsPublished:
         return self.best.mfu / self.run.mfu_6n
 
 
-def compare(run: PublishedRun) -> PlannerVsPublished:
-    """Price ``run``'s layout, and every plan the planner would try for its job."""
+@functools.lru_cache(maxsize=32)
+def passing_plans_timed(job: Requirements) -> tuple[tuple[StepTime, ParallelPlan], ...]:
+    """Every plan the planner would try for ``job`` that passes its checks, timed, fastest
+    first — kept per job, since several published rows share one (a paper's layouts of the
+    same job: PTD-P and ZeRO-3, full and selective recomputation)."""
     from dtlab.plan.problems import plan_problems
     from dtlab.plan.search import candidate_plans
     from dtlab.plan.step_time import step_time
 
-    timed = sorted(
-        (
-            (step_time(run.job, p), p)
-            for p in candidate_plans(run.job)
-            if not plan_problems(run.job, p)
-        ),
-        key=lambda pair: pair[0].step_s,
+    return tuple(
+        sorted(
+            ((step_time(job, p), p) for p in candidate_plans(job) if not plan_problems(job, p)),
+            key=lambda pair: pair[0].step_s,
+        )
     )
+
+
+def compare(run: PublishedRun) -> PlannerVsPublished:
+    """Price ``run``'s layout, and every plan the planner would try for its job."""
+    from dtlab.plan.problems import plan_problems
+    from dtlab.plan.step_time import step_time
+
+    timed = passing_plans_timed(run.job)
     best, best_plan = timed[0] if timed else (step_time(run.job, run.plan), run.plan)
     return PlannerVsPublished(
         run,

@@ -74,9 +74,14 @@ def take(t: torch.Tensor, index: torch.Tensor | None, dim: int = 2) -> torch.Ten
 
 
 def unmasked_scores(positions_q: torch.Tensor, positions_k: torch.Tensor, causal: bool) -> int:
-    """Score elements of one (query, key) block that survive the mask, per batch row and head."""
+    """Score elements of one (query, key) block that survive the mask, per batch row and head:
+    the pairs with key position ≤ query position — for one row of positions, counted per query
+    by a binary search over the sorted keys (no ``Sq × Sk`` mask is built)."""
     if not causal:
         return positions_q.shape[-1] * positions_k.shape[-1]
+    if positions_q.dim() == 1 and positions_k.dim() == 1:
+        keys = positions_k.sort().values
+        return int(torch.searchsorted(keys, positions_q, right=True).sum())
     return int((~future_mask(positions_q, positions_k)).sum())
 
 
