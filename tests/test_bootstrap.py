@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -127,6 +128,34 @@ def test_stamp_changes_with_pyproject_and_with_the_torch_choice(checkout):
 def test_test_environment_defaults_to_fast_mode_but_keeps_a_chosen_mode():
     assert decisions.test_environment({"PATH": "/bin"})["DTLAB_MODE"] == "fast"
     assert decisions.test_environment({"DTLAB_MODE": "full"})["DTLAB_MODE"] == "full"
+
+
+def test_the_whole_suite_runs_as_browser_tests_beside_everything_else(checkout):
+    plan = decisions.make_plan(checkout)
+    streams = decisions.test_streams(plan, [], {})
+    assert [s[-2:] for s in streams] == [["-m", "not browser"], ["-m", "browser"]]
+    assert decisions.test_streams(plan, ["-x", "tests/test_cli.py"], {}) == [
+        decisions.test_command(plan, ["-x", "tests/test_cli.py"])
+    ]
+    assert len(decisions.test_streams(plan, [], {"DTLAB_TEST_SERIAL": "1"})) == 1
+
+
+def test_side_by_side_runs_fail_when_either_fails_or_runs_no_tests():
+    assert decisions.combined_exit_status([0, 0]) == 0
+    assert decisions.combined_exit_status([0, 1]) == 1
+    assert decisions.combined_exit_status([5, 0]) == 5  # "no tests ran" never passes silently
+    assert decisions.combined_exit_status([2, 1]) == 2
+
+
+def test_side_by_side_prints_the_second_streams_log_and_combines_statuses(tmp_path, capsys):
+    import sys
+
+    ok = [sys.executable, "-c", "print('first ran')"]
+    failing = [sys.executable, "-c", "import sys; print('second ran'); sys.exit(3)"]
+    code = bootstrap.run_side_by_side([ok, failing], tmp_path, dict(os.environ))
+    out = capsys.readouterr().out
+    assert code == 3 and "second ran" in out
+    assert (tmp_path / "build" / "test-browser.log").read_text().strip() == "second ran"
 
 
 def test_first_run_creates_venv_installs_torch_then_dtlab_and_runs_pytest(shell, checkout):

@@ -29,7 +29,10 @@ Then ``lab`` runs ``dtlab lab`` (JupyterLab on ``labs/``): an optional lab numbe
 (``python3 lib/dtlab/bootstrap.py lab 03 --no-browser --port 8899``; ``--port=8899`` works too).
 ``test`` runs ``python -m pytest`` with
 ``DTLAB_MODE=fast`` unless you set it, and exits with pytest's exit status (pyproject's pytest
-settings add the solution notebooks through ``--nbval-lax``).
+settings add the solution notebooks through ``--nbval-lax``). Given no arguments it runs the
+suite as two pytest processes side by side — the browser tests beside everything else, the
+browser's output kept in ``build/test-browser.log`` and printed when both end — and exits with
+the first non-zero status (``DTLAB_TEST_SERIAL=1`` runs one process instead).
 
 This file gathers the facts about the machine and runs the commands; what to do with the facts
 (which torch, from which index, the stamp, every command line) is decided by the pure functions
@@ -210,10 +213,40 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
     env = decisions.test_environment(dict(os.environ))
-    command = decisions.test_command(plan, extra)
+    streams = decisions.test_streams(plan, extra, env)
     step(f"running the tests with DTLAB_MODE={env['DTLAB_MODE']}")
-    print("    $ " + " ".join(command), flush=True)
-    return subprocess.call(command, cwd=plan.root, env=env)
+    if len(streams) == 1:
+        print("    $ " + " ".join(streams[0]), flush=True)
+        return subprocess.call(streams[0], cwd=plan.root, env=env)
+    return run_side_by_side(streams, plan.root, env)
+
+
+def run_side_by_side(streams: list[list[str]], root: Path, env: dict[str, str]) -> int:
+    """Run the first command with its output on this terminal and the others beside it, each
+    into ``build/test-<n>.log``, printed once the first ends; the combined exit status."""
+    logs = [root / "build" / ("test-browser.log" if i == 1 else f"test-{i}.log")
+            for i in range(len(streams))]  # fmt: skip
+    logs[0].parent.mkdir(parents=True, exist_ok=True)
+    others = []
+    for command, log in zip(streams[1:], logs[1:], strict=True):
+        print(f"    $ {' '.join(command)}  > {log.relative_to(root)}", flush=True)
+        others.append(
+            subprocess.Popen(
+                command, cwd=root, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+            )
+        )
+    print("    $ " + " ".join(streams[0]), flush=True)
+    try:
+        codes = [subprocess.call(streams[0], cwd=root, env=env)]
+        codes += [p.wait() for p in others]
+    except KeyboardInterrupt:
+        for p in others:
+            p.terminate()
+        return 130
+    for command, log, code in zip(streams[1:], logs[1:], codes[1:], strict=True):
+        step(f"{' '.join(command[2:])} (exit {code}), from {log.relative_to(root)}:")
+        print(log.read_text(), flush=True)
+    return decisions.combined_exit_status(codes)
 
 
 if __name__ == "__main__":

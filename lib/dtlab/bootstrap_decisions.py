@@ -145,6 +145,23 @@ def test_command(plan: Plan, extra: list[str]) -> list[str]:
     return [str(plan.venv_python), "-m", "pytest", *extra]
 
 
+def test_streams(plan: Plan, extra: list[str], environ: dict[str, str]) -> list[list[str]]:
+    """The pytest runs ``test`` starts side by side. With no arguments (the whole suite, as CI
+    runs it): two streams — the browser tests (JupyterLab and Chromium spend much of their time
+    waiting on rendering) beside everything else — so the two cores stay busy; together they
+    select exactly what one plain ``pytest`` would. With arguments, or ``DTLAB_TEST_SERIAL=1``:
+    one plain ``pytest`` run with those arguments."""
+    if extra or environ.get("DTLAB_TEST_SERIAL", "") not in ("", "0"):
+        return [test_command(plan, extra)]
+    return [test_command(plan, ["-m", "not browser"]), test_command(plan, ["-m", "browser"])]
+
+
+def combined_exit_status(codes: list[int]) -> int:
+    """One status for side-by-side pytest runs: the first that is not 0 (pytest's "no tests
+    ran", 5, fails like any failure), else 0."""
+    return next((code for code in codes if code != 0), 0)
+
+
 def test_environment(environ: dict[str, str]) -> dict[str, str]:
     """The test run's environment: fast mode unless DTLAB_MODE is already set."""
     return {**environ, "DTLAB_MODE": environ.get("DTLAB_MODE") or "fast"}
