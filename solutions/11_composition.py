@@ -462,7 +462,8 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # layout among the planner's own passing plans and shows what the planner's best plan claims
 # (`python -m dtlab.plan.worked --published`). One result misses a goal there: the 384-GPU
 # PTD-P layout ranks at 27 % (goal: the fastest quarter); half the plans ahead of it use
-# selective recomputation, which Korthikanti et al. measured 1.32× faster on this very model.
+# selective recomputation, which Korthikanti et al. measured 1.32× faster on this very model, and
+# most others smaller TP with ZeRO-1 — layouts that paper never measured.
 
 # %%
 if FAST:

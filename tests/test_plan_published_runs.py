@@ -20,7 +20,8 @@ of its measured time, and the full-recomputation tax they measured within 5 %.
 One result stays just outside the goals: the 384-GPU PTD-P layout of 2021 ranks at 27 %. Of the
 plans ahead of it, half use selective recomputation (and the sequence parallelism the memory
 model assumes), which that paper did not have and which Korthikanti et al. measured 1.32× faster
-on this model and cluster (the recompute-tax test). It is pinned below as the model's honest miss
+on this model and cluster (the recompute-tax test); most others use smaller TP with ZeRO-1,
+which nobody measured on this job. It is pinned below as the model's honest miss
 (no constant was retuned to win it back): a change that moves it fails here and must update the
 pin and the README. The best-plan cap is held against the best published MFU of the same model on
 the same GPU (:func:`~dtlab.plan.published.best_published_mfu_6n`): for the 2021 1T job its
