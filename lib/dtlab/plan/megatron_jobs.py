@@ -44,25 +44,24 @@ GPT3_175B = Requirements(
     max_bubble=1.0,
     flash_attention=False,
 )
-GPT_1T = replace(
-    GPT3_175B,
-    name="GPT 1T (Megatron-LM 2021)",
-    params=gpt_params(128, 25600),
-    n_layers=128,
-    d_model=25600,
-    n_heads=160,
-    global_batch_tokens=3072 * 2048,
-    n_gpus=3072,
-)
-MT_NLG_530B = replace(
-    GPT3_175B,
-    name="MT-NLG 530B",
-    params=gpt_params(105, 20480),
-    n_layers=105,
-    d_model=20480,
-    n_heads=128,
-    global_batch_tokens=280 * 2048,
-    n_gpus=280,
-)
+
+
+def selene_gpt(name: str, layers: int, hidden: int, heads: int, gpus: int) -> Requirements:
+    """GPT-3 175B's job with another shape, on ``gpus`` GPUs with a batch of as many sequences
+    (overridden where a paper's batch differs)."""
+    return replace(
+        GPT3_175B,
+        name=name,
+        params=gpt_params(layers, hidden),
+        n_layers=layers,
+        d_model=hidden,
+        n_heads=heads,
+        global_batch_tokens=gpus * 2048,
+        n_gpus=gpus,
+    )
+
+
+GPT_1T = selene_gpt("GPT 1T (Megatron-LM 2021)", 128, 25600, 160, 3072)
+MT_NLG_530B = selene_gpt("MT-NLG 530B", 105, 20480, 128, 280)
 SELENE_MODELS = (GPT3_175B, MT_NLG_530B, GPT_1T)
 """The three GPT shapes Megatron-LM ran on Selene, smallest first."""

@@ -62,15 +62,20 @@ def causal_flops_per_step(job: Requirements) -> float:
     return (6 * job.active_params + attention_flops_per_token(job)) * job.global_batch_tokens
 
 
-def megatron_flops_per_step(job: Requirements) -> float:
-    """Narayanan et al. 2021's count: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
-    b, s, layers, h, v = (
+def _gpt_shape(job: Requirements) -> tuple[int, int, int, int, int]:
+    """``(B, s, L, h, V)``: sequences per step, sequence, layers, width, vocabulary."""
+    return (
         job.global_batch_sequences,
         job.seq_len,
         job.n_layers,
         job.d_model,
         job.vocab_size,
     )
+
+
+def megatron_flops_per_step(job: Requirements) -> float:
+    """Narayanan et al. 2021's count: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
+    b, s, layers, h, v = _gpt_shape(job)
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
@@ -78,13 +83,7 @@ def korthikanti_model_flops(job: Requirements) -> float:
     """Korthikanti et al. 2022's model FLOPs per step (Appendix A, Eq. 7):
     ``72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L))`` — the whole (not causal) attention square and the logits
     counted, recomputation not (their MFU's numerator)."""
-    b, s, layers, h, v = (
-        job.global_batch_sequences,
-        job.seq_len,
-        job.n_layers,
-        job.d_model,
-        job.vocab_size,
-    )
+    b, s, layers, h, v = _gpt_shape(job)
     return 72 * b * layers * s * h * h * (1 + s / (6 * h) + v / (12 * h * layers))
 
 
