@@ -44,6 +44,16 @@ def _every_wrapper_on_cuda() -> dict:
         ddp = wrap(model, find_unused_parameters=True)
         loss_fn(ddp(x), y).backward()
         out[name] = all(p.grad is not None and p.grad.is_cuda for p in model.parameters())
+    model = GPT(config, seed=0).to(device)
+    views = BucketedDDP(model, find_unused_parameters=True, gradient_as_bucket_view=True)
+    loss_fn(views(x), y).backward()
+    reference = GPT(config, seed=0).to(device)
+    loss_fn(reference(x), y).backward()  # one rank: the average is the local gradient
+    buffers = {b.buffer.untyped_storage().data_ptr() for b in views.buckets}
+    out["bucket_views"] = all(
+        p.grad.untyped_storage().data_ptr() in buffers and torch.allclose(p.grad, r.grad)
+        for p, r in zip(model.parameters(), reference.parameters(), strict=True)
+    )
     for stage in (1, 2):
         model = GPT(config, seed=0).to(device)
         opt = ZeroOptimizer(
@@ -77,6 +87,7 @@ def test_ddp_zero_fsdp_and_clipping_accept_cuda_tensors_on_nccl():
     with dtlab.Cluster(1, device="cuda") as cluster:
         r = cluster.run(_every_wrapper_on_cuda)[0]
     assert r["naive"] and r["overlapped"] and r["bucketed"]
+    assert r["bucket_views"]  # gradients live in the CUDA buckets and equal one process's
     assert set(r["zero1"]) == {"cuda:0"}
     assert "cpu" in r["zero2"]  # offloaded optimizer state really lives on the host
     assert r["fsdp_norm"] > 0 and set(r["fsdp_held"]) == {"cuda:0"}
