@@ -154,3 +154,58 @@ def test_buckets_follow_reverse_registration_order_with_a_smaller_first_bucket()
     assert [len(b) for b in fp32] == [1, 2, 2, 1]  # first bucket holds one 256-byte gradient
     assert [p for b in fp32 for p in b] == [p for p in reversed(params) if p.dtype == torch.float32]
     assert [b for b in buckets if b[0].dtype == torch.float64] == [[params[3]]]  # one dtype each
+
+
+class _TwoLinears(torch.nn.Module):
+    """``a(x) + b(x)``, or ``a(x)`` alone when ``use_b`` is off."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)})
+        self.use_b = True
+
+    def forward(self, x):
+        y = self.m["a"](x)
+        return y + self.m["b"](x) if self.use_b else y
+
+
+def _a_gradient_the_synced_backward_does_not_touch() -> dict:
+    """Two cases where a parameter holds a gradient its synced backward never reaches: kept at
+    zero by ``zero_grad(set_to_none=False)`` while unused, and accumulated only under
+    ``no_sync``. Each must be averaged like any other (one process would hold 0 and the
+    accumulated value)."""
+    rank, world = dtlab.rank(), dtlab.world_size()
+    out = {}
+    for name, wrap in [(n, w) for n, w in _variants().items() if n in OURS]:
+        torch.manual_seed(0)
+        net = _TwoLinears()
+        ddp = wrap(net)
+        ddp.find_unused_parameters = False
+        x = torch.full((2, 3), float(rank + 1))
+        ddp(x).sum().backward()  # step 1: both used
+        for p in net.parameters():
+            p.grad.zero_()  # zero_grad(set_to_none=False)
+        net.use_b = False
+        ddp(x).sum().backward()  # step 2: b unused, its zero gradient kept
+        out[f"{name}.kept_zero"] = net.m["b"].weight.grad.abs().max().item()
+        for p in net.parameters():
+            p.grad = None
+        net.use_b = True
+        with ddp.no_sync():
+            ddp(x).sum().backward()  # b's only gradient
+        net.use_b = False
+        ddp(x).sum().backward()
+        expected_b = (
+            sum(2.0 * (r + 1) for r in range(world)) / world
+        )  # d(sum)/dW per rank, averaged
+        out[f"{name}.accumulated_b_error"] = (
+            (net.m["b"].weight.grad - expected_b).abs().max().item()
+        )
+    return out
+
+
+def test_a_gradient_no_backward_touched_is_averaged_not_replaced(cluster2):
+    for r in cluster2.run(_a_gradient_the_synced_backward_does_not_touch):
+        for name in OURS:
+            assert r[f"{name}.kept_zero"] == 0.0, (name, r)
+            assert r[f"{name}.accumulated_b_error"] < 1e-6, (name, r)

@@ -6,15 +6,19 @@ produce their gradients) until a bucket reaches ``bucket_cap_mb``; the first buc
 smaller (``first_bucket_mb``) so communication starts as early as possible. One bucket holds one
 dtype. When the last gradient of a bucket arrives, the bucket (a flat buffer the gradients were
 copied into) is all-reduced asynchronously; buckets launch in index order on every rank.
-:meth:`finish_gradient_synchronization` waits and divides each bucket by N.
+:meth:`finish_gradient_synchronization` launches the buckets still waiting — a parameter this
+backward gave no gradient contributes the one it holds (accumulated under :meth:`no_sync`, or
+kept by ``zero_grad(set_to_none=False)``), or zeros if it has none — waits, and divides each
+bucket by N.
 
 **Gradients as bucket views** (``gradient_as_bucket_view=True``, torch DDP's option of the same
 name; off by default, as in torch, so gradients and buckets are separate memory — what lab 03
 measures): the hook copies a fresh gradient into its slot once and then makes ``p.grad`` that
 slot, a view of the bucket, so the averages need no copy back and the gradients need no memory
-of their own; while the view stays (``zero_grad(set_to_none=False)``, or
-gradient accumulation under :meth:`no_sync`) autograd accumulates straight into the bucket and
-even the copy in goes. On a GPU every copy is a kernel the host must launch per parameter, and
+of their own; while the view stays (``zero_grad(set_to_none=False)``: accumulation, under
+:meth:`no_sync` or across steps, goes into the view) autograd accumulates straight into the
+bucket and even the copy in goes — with torch's default ``set_to_none=True`` a fresh gradient is
+copied in once per step. On a GPU every copy is a kernel the host must launch per parameter, and
 host time per parameter is what a Python DDP pays over torch's C++ reducer. A parameter that is
 not contiguous keeps its own gradient (a view would change its layout) and is copied both ways.
 
@@ -154,6 +158,8 @@ class BucketedDDP(DataParallelBase):
             for i, p in enumerate(bucket.params):
                 if p.grad is None:  # no gradient on this rank: contribute zeros
                     bucket.slot(i).zero_()
+                else:  # a gradient this backward did not touch (no_sync, or kept by zero_grad)
+                    bucket.take_gradient(i)
             self._missing[b] = 0
         self._launch_full_prefix()
         for pending in self._pending:
