@@ -456,7 +456,8 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # 1.30–1.32×) predicted within 5 %; Llama 3's 131K row at 38 % on the attention-counting basis
 # but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran stage 3 in 2021: one
 # collective per parameter tensor, each after a device-wide sync, with host work that grows with
-# the number of ranks — so the step is ``C/N + k·N``, and 768 and 1,536 GPUs take the same 67 s.
+# the number of ranks — so the step is ``C/N + k·N``: published, 768 and 1,536 GPUs took the same
+# 67 s; the model gives 59 and 72 s.
 # Priced as a modern per-layer ZeRO-3 (FSDP) those rows would be 1.3–4.1× faster than measured:
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the planner's own passing plans and shows what the planner's best plan claims

@@ -3,7 +3,7 @@
 These are model outputs, not wall-clock measurements: the published layout passes under its
 paper's policy, its predicted step is within ±15 % of the published one, it ranks in the fastest
 quarter of the planner's own passing plans, and the planner's best plan claims at most 1.25× the
-job's best published MFU (or 55 % on 6N, whichever is higher). Megatron-LM 2021's ZeRO-3 rows ran
+best published MFU of the same model on the same GPU (or 55 % on 6N, whichever is higher). Megatron-LM 2021's ZeRO-3 rows ran
 DeepSpeed's stage 3 of 2021 (:mod:`dtlab.plan.zero3_per_parameter`): priced that way they are
 within ±15 %, priced as a modern per-layer ZeRO-3 they are 1.3–4.1× too fast
 (:mod:`dtlab.plan.zero3_gap`), and the paper's own comparison (PTD-P 1.06 / 1.69 / 3.2× faster)
@@ -104,8 +104,6 @@ def test_the_published_layout_ranks_in_the_fastest_quarter_of_the_planners_own(r
 def test_the_best_plan_claims_no_more_than_the_cap_over_the_models_best_published_mfu(
     run, compared
 ):
-    same_job = [r for r in PUBLISHED_RUNS if r.job == run.job]
-    assert best_published_mfu_6n(run.job) >= max(r.mfu_6n for r in same_job)
     cap = max(1.25 * best_published_mfu_6n(run.job), 0.55)
     assert compared[run.name].best.mfu <= cap
 

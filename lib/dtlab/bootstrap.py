@@ -51,6 +51,7 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.
     del sys.path[0]
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
@@ -58,6 +59,7 @@ import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SHUTDOWN_GRACE_S = 30.0  # seconds a test run gets to tear down after Ctrl-C
 
 
 def _load_by_path(name: str):
@@ -223,26 +225,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_side_by_side(streams: list[list[str]], root: Path, env: dict[str, str]) -> int:
     """Run the first command with its output on this terminal and the others beside it, each
-    into ``build/test-<n>.log``, printed once the first ends; the combined exit status."""
+    into ``build/test-<n>.log`` (the second: ``test-browser.log``), printed once all have ended;
+    the combined exit status. On Ctrl-C every run has had the terminal's SIGINT too: each gets
+    :data:`SHUTDOWN_GRACE_S` to tear its fixtures down (JupyterLab, Chromium) before it is
+    killed."""
     logs = [root / "build" / ("test-browser.log" if i == 1 else f"test-{i}.log")
             for i in range(len(streams))]  # fmt: skip
     logs[0].parent.mkdir(parents=True, exist_ok=True)
-    others = []
-    for command, log in zip(streams[1:], logs[1:], strict=True):
-        print(f"    $ {' '.join(command)}  > {log.relative_to(root)}", flush=True)
-        others.append(
-            subprocess.Popen(
-                command, cwd=root, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
-            )
-        )
-    print("    $ " + " ".join(streams[0]), flush=True)
-    try:
-        codes = [subprocess.call(streams[0], cwd=root, env=env)]
-        codes += [p.wait() for p in others]
-    except KeyboardInterrupt:
-        for p in others:
-            p.terminate()
-        return 130
+    runs = []
+    with contextlib.ExitStack() as files:
+        for command, log in zip(streams[1:], logs[1:], strict=True):
+            print(f"    $ {' '.join(command)}  > {log.relative_to(root)}", flush=True)
+            out = files.enter_context(log.open("w"))
+            runs.append(subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=out))
+        print("    $ " + " ".join(streams[0]), flush=True)
+        runs.insert(0, subprocess.Popen(streams[0], cwd=root, env=env))
+        try:
+            codes = [run.wait() for run in runs]
+        except KeyboardInterrupt:
+            for run in runs:
+                try:
+                    run.wait(timeout=SHUTDOWN_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    run.kill()
+            return 130
     for command, log, code in zip(streams[1:], logs[1:], codes[1:], strict=True):
         step(f"{' '.join(command[2:])} (exit {code}), from {log.relative_to(root)}:")
         print(log.read_text(), flush=True)

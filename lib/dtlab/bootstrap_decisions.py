@@ -150,10 +150,12 @@ def test_streams(plan: Plan, extra: list[str], environ: dict[str, str]) -> list[
     runs it): two streams — the browser tests (JupyterLab and Chromium spend much of their time
     waiting on rendering) beside everything else — so the two cores stay busy; together they
     select exactly what one plain ``pytest`` would. With arguments, or ``DTLAB_TEST_SERIAL=1``:
-    one plain ``pytest`` run with those arguments."""
+    one plain ``pytest`` run with those arguments. Only the first stream writes pytest's cache
+    (``--lf`` after a side-by-side run knows that stream's failures, not the browser's)."""
     if extra or environ.get("DTLAB_TEST_SERIAL", "") not in ("", "0"):
         return [test_command(plan, extra)]
-    return [test_command(plan, ["-m", "not browser"]), test_command(plan, ["-m", "browser"])]
+    browser = ["-m", "browser", "-p", "no:cacheprovider"]  # one writer of pytest's cache
+    return [test_command(plan, ["-m", "not browser"]), test_command(plan, browser)]
 
 
 def combined_exit_status(codes: list[int]) -> int:

@@ -52,6 +52,11 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
             f"zero3_collectives={plan.zero3_collectives!r} is not a choice; use one of "
             f"{ZERO3_COLLECTIVES}"
         )
+    elif plan.zero3_collectives != "per_layer" and plan.zero_stage != 3:
+        problems.append(
+            f"zero3_collectives={plan.zero3_collectives!r} describes a ZeRO-3 implementation, "
+            f"but zero_stage={plan.zero_stage}; set zero_stage=3 or leave it 'per_layer'"
+        )
     if plan.cp_kind not in CP_KINDS:
         problems.append(f"cp_kind={plan.cp_kind!r} is not a choice; use one of {CP_KINDS}")
     problems += stage_problems(req, plan)

@@ -22,22 +22,32 @@ time (v0.3.13, March 2021, through v0.5.4). Its code, read at tag v0.3.13
 
 Per micro-batch and layer, for a GPT layer (four weight matrices — QKV, projection, two MLP —
 plus four biases and two LayerNorms' scale and shift): the four weights are gathered for
-forward, again for a full recomputation, and three of them again for backward (the last one
-used in forward is first in backward and still held: ``max_reuse_distance``); every one of the
-twelve tensors is reduce-scattered. Each collective costs, exposed, ``N ·``
-:data:`~dtlab.plan.constants.ZERO3_LIST_ENTRY_HOST_S` of host work plus NCCL's ring latency
-(:func:`~dtlab.plan.zero3_gap.nccl_ring_latency_s`, all-gather and reduce-scatter being rings
-only); prefetch (one weight ahead) hides their bandwidth, which the planner's data-parallel model
-already prices. So the step is ``C/N + k·N``: compute shrinks with more GPUs while the exposed
-part grows, and the 768- and 1,536-GPU steps come out about equal — as measured (74 training
-days each).
+forward; with full recomputation again for the rerun, and then three of them for backward —
+the last one the rerun used is first in backward and still held, because its reuse distance is
+0 while the others' (2·4h² elements for the MLP's first matrix) exceed ``max_reuse_distance`` =
+1e9, true for h ≳ 11,200 (GPT-3's 12,288); without a rerun the forward is far from the backward
+and all four are gathered again. Every one of the twelve tensors is reduce-scattered.
+
+**The exposure is this module's assumption**, not read from the code: each collective costs,
+on the critical path, ``N ·`` :data:`~dtlab.plan.constants.ZERO3_LIST_ENTRY_HOST_S` of host work
+(the synchronize before each gather drains the GPU while the host loops) plus NCCL's ring
+latency (:func:`~dtlab.plan.zero3_gap.nccl_ring_latency_s`, all-gather and reduce-scatter being
+rings only), and the bandwidth stays hidden as the planner's data-parallel model prices it. Two
+things pull the other way and are not modelled: a prefetched gather is issued before the
+current module's compute, so its latency can overlap that compute as its bandwidth does (with
+every gather's latency hidden the rows would be 0.90 / 0.83 / 0.97 — the 768-GPU row out of
+±15 %); and the reduce-scatters run from backward hooks while queued kernels execute, but each
+later synchronize also waits for them, bandwidth included. So the step is ``C/N + k·N``:
+compute shrinks with more GPUs while the exposed part grows. The published 768- and 1,536-GPU
+steps are equal (67 s, 74 training days each); the model gives 59 and 72 s.
 
 How much rests on the one constant: the three rows stay within ±15 % for a host cost of
 8.0–10.1 µs per rank and collective; 9 µs is the midpoint of the 7–11 µs the mechanism's parts
-give (the constant's source), 0.92 / 0.88 / 1.07 of the published steps. Modern
-implementations (FSDP, ZeRO-3 since v0.5.5 and torch's ``all_gather_into_tensor``) gather a
-flat buffer per layer with no device sync: plans default to ``zero3_collectives="per_layer"``,
-and the planner's own candidates never use this style.
+give (the constant's source), 0.92 / 0.88 / 1.07 of the published steps. FSDP and torch's
+``all_gather_into_tensor`` gather a flat buffer per layer with no device sync (DeepSpeed itself
+kept a collective per parameter after v0.5.5, with one synchronize per submodule fetch instead
+of one per gather): plans default to ``zero3_collectives="per_layer"``, and the planner's own
+candidates never use this style.
 """
 
 from __future__ import annotations
@@ -54,11 +64,13 @@ SMALL_TENSORS_PER_LAYER = 8  # four biases, two LayerNorms' scale and shift (per
 
 
 def list_collectives_per_micro_batch(req: Requirements, plan: ParallelPlan) -> tuple[int, int]:
-    """(all-gathers, reduce-scatters) per micro-batch on one GPU: per layer ``4 + 4·[full
-    recompute] + 3`` gathers and ``12`` reduce-scatters (module docstring)."""
+    """(all-gathers, reduce-scatters) per micro-batch on one GPU: per layer ``4 + 4 + 3``
+    gathers with full recomputation, ``4 + 4`` without, and ``12`` reduce-scatters (module
+    docstring)."""
     layers = math.ceil(req.n_layers / plan.pp)
     weights = WEIGHTS_PER_LAYER + int(req.gated_mlp)
-    gathers = weights + (weights if plan.recompute == "full" else 0) + (weights - 1)
+    rerun = plan.recompute == "full"  # the rerun gathers all, backward then all but the last
+    gathers = 3 * weights - 1 if rerun else 2 * weights
     return layers * gathers, layers * (weights + SMALL_TENSORS_PER_LAYER)
 
 

@@ -74,9 +74,10 @@ def take(t: torch.Tensor, index: torch.Tensor | None, dim: int = 2) -> torch.Ten
 
 
 def unmasked_scores(positions_q: torch.Tensor, positions_k: torch.Tensor, causal: bool) -> int:
-    """Score elements of one (query, key) block that survive the mask, per batch row and head:
-    the pairs with key position ≤ query position — for one row of positions, counted per query
-    by a binary search over the sorted keys (no ``Sq × Sk`` mask is built)."""
+    """Score elements of one (query, key) block that survive the mask, per head: the pairs with
+    key position ≤ query position. For one row of positions (1-D) they are counted per query by a
+    binary search over the sorted keys (no ``Sq × Sk`` mask is built); for (B, S) positions the
+    causal count is summed over the batch rows (the non-causal one is per row, ``Sq · Sk``)."""
     if not causal:
         return positions_q.shape[-1] * positions_k.shape[-1]
     if positions_q.dim() == 1 and positions_k.dim() == 1:
