@@ -146,8 +146,9 @@ def test_zero3_priced_per_layer_is_too_fast_and_no_bandwidth_explains_it(compare
     assert per_layer == sorted(per_layer, reverse=True) and per_layer[-1] < 0.5
 
 
-def test_deepspeed_2021_zero3_makes_768_and_1536_gpus_take_about_the_same_step(compared):
-    """C/N + k·N: compute halves, the per-rank host loops and ring latencies double."""
+def test_deepspeed_2021_zero3_stops_scaling_from_768_to_1536_gpus(compared):
+    """C/N + k·N: compute halves, the per-rank host loops and ring latencies double. Published:
+    the same 67 s; the model: 59 and 72 s, within a quarter of each other."""
     at_768, at_1536 = (compared[r.name].predicted.step_s for r in ZERO3[1:])
     assert ZERO3[1].step_s == pytest.approx(ZERO3[2].step_s)  # published: 74 days each
     assert at_1536 / at_768 == pytest.approx(1.0, abs=0.25)

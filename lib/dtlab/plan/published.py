@@ -3,7 +3,8 @@
 Each :class:`~dtlab.plan.published_run.PublishedRun` is one row of a paper: the job (model
 shapes, batch, hardware, and the paper's own **policy** — how much HBM it planned into and how
 large a bubble it accepted), the layout it ran, and the throughput it reported. Published step
-time is derived from the reported throughput under the paper's own FLOP convention:
+time is derived from the reported throughput under the paper's own FLOP convention, or is the
+measured iteration time where a paper gives one (Korthikanti et al. 2022):
 
 * **Llama 3 405B** (Dubey et al. 2024, "The Llama 3 Herd of Models", Sec. 3.3, Table 4; 126
   layers, d 16,384, FFN 53,248 SwiGLU, 128 heads / 8 K/V heads, vocabulary 128,256; H100 with

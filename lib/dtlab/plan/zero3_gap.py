@@ -29,6 +29,7 @@ rows carry): 0.92 / 0.88 / 1.07 of the published steps.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from dtlab.plan.constants import (
@@ -92,8 +93,6 @@ def latency_share_of_gap(run: PublishedRun) -> float:
     """:func:`zero3_ring_latency_s` as a share of ``published − predicted`` step, the run
     priced as a per-layer ZeRO-3: how much of that gap the ring latency could explain were all
     of it exposed."""
-    from dataclasses import replace
-
     from dtlab.plan.step_time import step_time
 
     per_layer = replace(run.plan, zero3_collectives="per_layer")

@@ -48,6 +48,21 @@ def unsupported_combinations(
     return problems
 
 
+def capacity_problems(moe_configs, dim: str, degree: int, what_a_rank_holds: str) -> list[str]:
+    """Capacity (token dropping) refused along ``dim`` when its ``degree`` > 1: which assignments
+    one process drops depends on their place among all ``B·S`` tokens of the micro-batch, and a
+    rank of ``dim`` holds only ``what_a_rank_holds``, so it would drop other assignments."""
+    dropping = sorted({m.capacity_factor for m in moe_configs if m.capacity_factor is not None})
+    if degree <= 1 or not dropping:
+        return []
+    return [
+        f"capacity_factor={dropping[0]} with {dim}={degree}: one process drops assignments by "
+        f"their place among all B·S tokens of the micro-batch, and each {what_a_rank_holds}, so "
+        "it would drop other assignments; use MoEConfig(capacity_factor=None) (dropless) with "
+        f"{dim} > 1, or {dim}=1"
+    ]
+
+
 def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
     """What the routers cannot count as one process does on this layout (on the carved-out
     mapping; the folded one has :func:`~dtlab.parallel.compose.fold_experts.folded_problems`).
@@ -61,15 +76,10 @@ def per_token_router_problems(layout: Layout, moe_configs) -> list[str]:
     running count is cleared before each forward of the whole model, which a pipeline step never
     calls. So is the bias step: it steps on the whole step's load, and a stage's router keeps
     only its latest micro-batch's counts (a stage without the MoE layer, none)."""
-    problems = []
-    dropping = sorted({m.capacity_factor for m in moe_configs if m.capacity_factor is not None})
-    if layout.cp > 1 and dropping:
-        problems.append(
-            f"capacity_factor={dropping[0]} with cp={layout.cp}: one process drops assignments by "
-            "their place among all B·S tokens of the micro-batch, and each context-parallel rank "
-            "holds an interleaved share of every sequence, so it would drop other assignments; "
-            "use MoEConfig(capacity_factor=None) (dropless) with cp > 1, or cp=1"
-        )
+    problems = capacity_problems(
+        moe_configs, "cp", layout.cp,
+        "context-parallel rank holds an interleaved share of every sequence",
+    )  # fmt: skip
     if layout.pp > 1 and any(m.aux_loss_scope == "global" for m in moe_configs):
         problems.append(
             f"aux_loss_scope='global' with pp={layout.pp}: the global count is cleared before "

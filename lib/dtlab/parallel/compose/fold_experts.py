@@ -47,6 +47,7 @@ import torch.nn as nn
 from dtlab.comm import Communicator
 from dtlab.mesh import Mesh
 from dtlab.models.moe import moe_layers
+from dtlab.parallel.compose.checks import capacity_problems
 from dtlab.parallel.compose.folding import FoldedMapping
 from dtlab.parallel.expert import parallelize_experts
 from dtlab.parallel.expert.balance import count_like_one_process
@@ -150,14 +151,9 @@ def folded_problems(
         )
     if n_experts is not None and n_experts % ep:
         problems.append(f"ep={ep} must divide n_experts={n_experts}; choose ep dividing it")
-    dropping = sorted({m.capacity_factor for m in moe_configs if m.capacity_factor is not None})
-    if mesh_layout.tp > 1 and dropping:
-        problems.append(
-            f"capacity_factor={dropping[0]} with tp={mesh_layout.tp}: one process drops "
-            "assignments by their place among all B·S tokens, and each TP rank routes a 1/tp "
-            "slice of every sequence, so it would drop other assignments; use "
-            "MoEConfig(capacity_factor=None) (dropless) with tp > 1, or tp=1"
-        )
+    problems += capacity_problems(
+        moe_configs, "tp", mesh_layout.tp, "TP rank routes a 1/tp slice of every sequence"
+    )
     return problems
 
 

@@ -121,7 +121,8 @@ class DataParallelBase(nn.Module):
             self._local_usage = [p.grad is not None for p in self.params]
 
     def _zero_fill_missing(self) -> None:
-        """Remember who had a gradient, then give every parameter one (zeros if unused here)."""
+        """Remember who had a gradient (when ``find_unused_parameters`` will ask), then give every
+        parameter one (zeros if unused here)."""
         self._remember_local_usage()
         for p in self.params:
             if p.grad is None:
