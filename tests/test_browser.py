@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -268,7 +269,18 @@ def _shut_down_kernels(base: str, token: str) -> None:
         urllib.request.urlopen(request, timeout=30).close()
 
 
-def _run_all(page, base: str, token: str, notebook: str, name: str, shots: Path) -> dict:
+class LostReply(Exception):
+    """The page shows a cell still running while its kernel has sat idle with nothing queued:
+    the frontend dropped a reply (seen once in CI on a loaded 2-core box: a cell stuck at
+    ``[*]`` under later cells that had finished, beside a widget that failed to render)."""
+
+
+KERNEL_IDLE_POLLS = 10  # 2 s apart: a kernel idle this long under a "running" cell lost a reply
+
+
+def _run_all(
+    page, base: str, token: str, notebook: str, name: str, shots: Path, console: list[str]
+) -> dict:
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
     deadline = time.time() + 120
     while time.time() < deadline:  # a kernel picker may ask first; then the kernel starts
@@ -295,16 +307,28 @@ def _run_all(page, base: str, token: str, notebook: str, name: str, shots: Path)
         if state["running"] or state["done"]:
             break
     deadline = time.time() + RUN_ALL_TIMEOUT_S
-    state, settled = page.evaluate(RUN_STATE_JS), 0
+    state, settled, idle = page.evaluate(RUN_STATE_JS), 0, 0
     while time.time() < deadline:
         time.sleep(2)
         state = page.evaluate(RUN_STATE_JS)
         settled = settled + 1 if state["done"] and not state["running"] else 0
         if settled >= 2:  # nothing queued any more: every cell ran, or a failure stopped Run All
             break
+        kernel = _kernel_of(base, token, notebook)
+        quiet = state["running"] and kernel is not None and kernel["execution_state"] == "idle"
+        idle = idle + 1 if quiet else 0
+        if idle >= KERNEL_IDLE_POLLS:
+            page.screenshot(path=str(shots / "lost-reply.png"))
+            raise LostReply(
+                f"{name}: {state} with the kernel idle for {2 * idle} s\n"
+                + "\n---\n".join(page.evaluate(ERRORS_JS) + [f"console: {c}" for c in console])
+            )
     else:
         page.screenshot(path=str(shots / "timeout.png"))
-        pytest.fail(f"{name}: Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}")
+        pytest.fail(
+            f"{name}: Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}\n"
+            + "\n---\n".join(page.evaluate(ERRORS_JS) + [f"console: {c}" for c in console[-10:]])
+        )
     page.wait_for_timeout(1500)  # late widget and plot renders
     if state["done"] < state["cells"]:
         page.screenshot(path=str(shots / "stopped.png"))
@@ -433,6 +457,8 @@ def test_lab_runs_all_and_reads_well_in_the_browser(notebook, browser, lab_serve
     shots.mkdir(parents=True)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
+    console: list[str] = []  # the page's console errors, for a failure message
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     started = time.time()
     try:
         # a workspace of its own, reset: no tab or kernel picker carried over from another lab
@@ -440,11 +466,23 @@ def test_lab_runs_all_and_reads_well_in_the_browser(notebook, browser, lab_serve
             f"{base}/lab/workspaces/{_label(notebook)}/tree/{served}?token={token}&reset",
             timeout=90_000,
         )
-        _run_all(page, base, token, served, name, shots)
+        try:
+            _run_all(page, base, token, served, name, shots, console)
+        except LostReply as lost:  # once: a fresh page on the same (idle) kernel runs it all again
+            (shots / "lost-reply.txt").write_text(str(lost))
+            warnings.warn(f"{served}: the page lost a reply; Run All again. {lost}", stacklevel=1)
+            console.clear()
+            page.goto(
+                f"{base}/lab/workspaces/{_label(notebook)}/tree/{served}?token={token}&reset",
+                timeout=90_000,
+            )
+            _run_all(page, base, token, served, name, shots, console)
         (shots / "run-all-seconds.txt").write_text(f"{time.time() - started:.0f}\n")
         page.screenshot(path=str(shots / "after-run-all.png"))
         errors = page.evaluate(ERRORS_JS)
-        assert not errors, f"{served}: error output after Run All:\n" + "\n---\n".join(errors)
+        assert not errors, f"{served}: error output after Run All:\n" + "\n---\n".join(
+            errors + [f"console: {c}" for c in console[-10:]]
+        )
         if os.environ.get("DTLAB_MODE", "fast") == "fast":
             stray = page.evaluate(STDERR_JS)
             assert not stray, f"{served}: stderr output after Run All:\n" + "\n---\n".join(stray)
