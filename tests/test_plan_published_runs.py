@@ -17,16 +17,27 @@ are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.70–0.77). 
 check that A100 pricing where the 2021 rows cannot: the planner predicts each of them at 0.99–1.12
 of its measured time, and the full-recomputation tax they measured within 5 %.
 
-One result stays just outside the goals: the 384-GPU PTD-P layout of 2021 ranks at 27 %. Of the
-plans ahead of it, half use selective recomputation (and the sequence parallelism the memory
-model assumes), which that paper did not have and which Korthikanti et al. measured 1.32× faster
-on this model and cluster (the recompute-tax test); most others use smaller TP with ZeRO-1,
-which nobody measured on this job. It is pinned below as the model's honest miss
-(no constant was retuned to win it back): a change that moves it fails here and must update the
-pin and the README. The best-plan cap is held against the best published MFU of the same model on
-the same GPU (:func:`~dtlab.plan.published.best_published_mfu_6n`): for the 2021 1T job its
-winner's 57.1 % is 1.03× the 55.5 % Korthikanti et al. ran on that model, above the 55 % floor
-against the 2021 run's own 38.7 %.
+Each job runs its paper's **software** (:mod:`dtlab.plan.software`): the 2021 rows Megatron-LM
+of 2021 (no sequence parallelism, no selective recomputation, no distributed optimizer; its
+1F1B kept every in-flight stage output), Korthikanti's rows Megatron-LM of 2022. The planner's
+passing plans for a job are those its software could run, and the published layouts are priced
+as they ran (the 2021 ones and Korthikanti's full-recomputation baselines without SP).
+**Baseline** rows — the ZeRO-3 rows Narayanan et al. beat, the full-recomputation rows
+Korthikanti et al. beat — are held to ±15 % but not to the rank goal.
+
+The rank goal is missed by the three GPT-3 175B PTD-P rows of 2021, pinned below with both
+lenses (no constant was retuned to win them back; a change that moves them fails here and must
+update the pins and the README). Within 2021's software the model prices two kinds of plan
+ahead of the published one: no recomputation with a deeper pipeline (1F1B's stage 0 holds
+``L`` layers' activations whatever ``pp`` is, so deepening the pipeline frees model state
+until it fits: at 384 GPUs TP 8 × PP 48 fits in 66.5 of 72 GB and runs 1.20× faster), and full
+recomputation with micro-batch 2 or TP 4 (larger GEMMs on the stated, unmeasured A100 curve,
+4–7 % faster). Neither was measured by any paper. With today's software the published layout
+ranks 26 / 21 / 18 %; most plans ahead of it use selective recomputation and sequence
+parallelism, which Korthikanti et al. measured 1.32× faster on this model and cluster. The
+best-plan cap is held against the best published MFU of the same model on the same GPU
+(:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given 2022's software
+picks TP 8 with selective recomputation at 57.1 %, 1.03× the 55.5 % Korthikanti et al. ran.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from dtlab.plan.published import (
     best_published_mfu_6n,
     compare,
 )
+from dtlab.plan.published_run import passing_plans_timed
 from dtlab.plan.step_time import step_time
 from dtlab.plan.zero3_gap import (
     implied_zero3_bandwidth,
@@ -51,11 +63,15 @@ from dtlab.plan.zero3_gap import (
 )
 from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
-RANK_MISSES = {"GPT-3 175B, 384 A100 PTD-P": 0.27}
-"""Share of the planner's passing plans faster than the published layout, just over 0.25."""
+RANK_MISSES = {
+    "GPT-3 175B, 384 A100 PTD-P": (0.48, 0.26),
+    "GPT-3 175B, 768 A100 PTD-P": (0.36, 0.21),
+    "GPT-3 175B, 1,536 A100 PTD-P": (0.31, 0.18),
+}
+"""Share of the plans faster than the published layout: among its own software's, and today's."""
 
-CHOSEN_LAYOUTS = [r for r in PUBLISHED_RUNS if "ZeRO-3" not in r.name]
-"""The layouts each paper chose (its ZeRO-3 rows are the baseline PTD-P beat)."""
+CHOSEN_LAYOUTS = [r for r in PUBLISHED_RUNS if not r.baseline]
+"""The layouts each paper chose (not the baselines it ran to beat)."""
 ZERO3 = [r for r in PUBLISHED_RUNS if "ZeRO-3" in r.name]
 
 
@@ -92,10 +108,11 @@ def test_the_predicted_step_is_within_15_percent_of_the_published_one(run, compa
 @pytest.mark.parametrize("run", CHOSEN_LAYOUTS, ids=lambda r: r.name)
 def test_the_published_layout_ranks_in_the_fastest_quarter_of_the_planners_own(run, compared):
     c = compared[run.name]
-    assert len(c.passing_steps) > 100
+    assert len(c.passing_steps) >= 10
     if run.name in RANK_MISSES:
-        assert c.rank_fraction >= 0.25
-        assert c.rank_fraction == pytest.approx(RANK_MISSES[run.name], abs=0.02)
+        own, today = RANK_MISSES[run.name]
+        assert c.rank_fraction >= 0.25 and c.rank_fraction == pytest.approx(own, abs=0.02)
+        assert c.rank_fraction_with("current") == pytest.approx(today, abs=0.02)
     else:
         assert c.rank_fraction < 0.25
 
@@ -108,13 +125,26 @@ def test_the_best_plan_claims_no_more_than_the_cap_over_the_models_best_publishe
     assert compared[run.name].best.mfu <= cap
 
 
-def test_the_1t_winner_is_the_plan_korthikanti_ran_at_the_mfu_they_measured(compared):
-    """The 2021 1T job's winner claims more than 55 % on 6N — what the same model reached on
-    the same A100s with TP 8, a deep pipeline and selective recomputation in 2022."""
+def test_given_2022_software_the_1t_winner_is_the_plan_korthikanti_ran_at_their_mfu(compared):
+    """Within 2021's software the 1T job's winner recomputes whole layers (nothing else
+    existed) and the published layout is the fastest; given Megatron-LM of 2022 the winner is
+    TP 8 with selective recomputation at what the same model reached on the same A100s."""
     c = compared["GPT 1T, 3,072 A100 PTD-P"]
-    assert c.best.mfu > 0.55 and c.best_plan.recompute == "selective" and c.best_plan.tp == 8
+    assert c.rank == 0 and c.best_plan.recompute == "full" and c.best.mfu < 0.45
+    timed = passing_plans_timed(replace(c.run.job, software="megatron-lm-2022"))
+    best, plan = timed[0]
+    assert plan.recompute == "selective" and plan.tp == 8 and plan.sequence_parallel
     assert best_published_mfu_6n(c.run.job) == pytest.approx(0.555, abs=0.002)
-    assert c.best.mfu / best_published_mfu_6n(c.run.job) < 1.05
+    assert 1 < best.mfu / best_published_mfu_6n(c.run.job) < 1.05
+
+
+def test_baselines_are_slower_than_the_layout_their_paper_chose(compared):
+    for baseline in (r for r in PUBLISHED_RUNS if r.baseline):
+        chosen = next(
+            r for r in CHOSEN_LAYOUTS if r.job == baseline.job and r.plan != baseline.plan
+        )
+        assert baseline.step_s > chosen.step_s
+        assert compared[baseline.name].predicted.step_s > compared[chosen.name].predicted.step_s
 
 
 @pytest.mark.parametrize("model", ["GPT-3 175B", "MT-NLG 530B, 280", "GPT 1T"])

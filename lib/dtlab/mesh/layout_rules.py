@@ -111,9 +111,17 @@ def sequence_parallel_problems(tp: int, seq_len: int) -> list[str]:
 
 def node_problems(tp: int, per_node: int, unit: str = "ranks") -> list[str]:
     """TP stays inside a node: its collectives sit between every layer's matmuls and need the
-    node's links (NVLink), not the network (Shoeybi et al. 2019, Sec. 3)."""
-    if tp <= per_node:
+    node's links (NVLink), not the network (Shoeybi et al. 2019, Sec. 3). A TP degree that does
+    not divide the node straddles it too: TP is innermost, so its groups are blocks of ``tp``
+    consecutive ranks, and with 8 per node a TP group of 3 is ranks 6, 7, 8 on two nodes."""
+    if tp <= per_node and per_node % tp == 0:
         return []
+    if tp <= per_node:
+        return [
+            f"TP {tp} does not divide a node of {per_node} {unit}: its groups are blocks of {tp} "
+            f"consecutive ranks, so some straddle two nodes and run tensor parallel's per-layer "
+            f"collectives over the network; choose tp from {divisors(per_node)}"
+        ]
     return [
         f"TP {tp} spans nodes: it is larger than a node of {per_node} {unit}, and tensor "
         f"parallel's collectives run between every layer's matmuls on the node's links "

@@ -127,11 +127,13 @@ def tp_leaves_node_problems(
         g for g in row_major_groups(shape, names)[dim] if nodes_spanned(g, ranks_per_node) > 1
     )
     stride = strides_of(shape)[list(names).index(dim)]
-    why = (
-        f"{dim} has stride {stride}: put it last (innermost) in the mesh shape"
-        if stride > 1
-        else f"{dim}={shape[list(names).index(dim)]} is larger than a node"
-    )
+    size = shape[list(names).index(dim)]
+    if stride > 1:
+        why = f"{dim} has stride {stride}: put it last (innermost) in the mesh shape"
+    elif size > ranks_per_node:
+        why = f"{dim}={size} is larger than a node"
+    else:
+        why = f"{dim}={size} does not divide a node of {ranks_per_node} ranks"
     return [
         f"{leaving} {dim} group(s) span nodes of {ranks_per_node} ranks, e.g. {example}; "
         f"{why}, or pass allow_tp_across_nodes=True if you mean it"

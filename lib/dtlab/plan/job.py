@@ -18,7 +18,9 @@ matrices, no vocabulary counted). ``max_bubble`` and ``usable_memory_fraction`` 
 **policy**, defaults in :mod:`dtlab.plan.constants`; a rejection names the one it breaks. So are
 ``fp32_grads`` (numerics: FP32 gradient accumulation and reduction) and ``cp_kind`` (Llama 3
 gathers K and V because its document masks are easier that way, Sec. 3.3.2): every plan the
-search proposes carries them.
+search proposes carries them. ``software`` names the framework's techniques
+(:data:`dtlab.plan.software.SOFTWARE`: ``"current"``, ``"megatron-lm-2022"``,
+``"megatron-lm-2021"``): the search proposes only those, and a plan using another is refused.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Requirements:
     flash_attention: bool = True  # False: scores through HBM (Megatron-LM 2021's GPTs)
     fp32_grads: bool = False  # policy: gradients accumulated and reduced in FP32 (Llama 3)
     cp_kind: str = "ring"  # requirement: "allgather" CP where document masks must work (Llama 3)
+    software: str = "current"  # policy: the techniques its framework offers (dtlab.plan.software)
 
     __hash__ = fields_hash_once
 

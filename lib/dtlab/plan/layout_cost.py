@@ -31,7 +31,8 @@ from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume
 from dtlab.memory import activation_bytes_per_layer, model_state_bytes, shard_numel
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
-from dtlab.plan.stages import activation_layers_in_flight, representative_devices
+from dtlab.plan.software import software_of
+from dtlab.plan.stages import activation_layers_in_flight, in_flight_chunks, representative_devices
 from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
 
 
@@ -48,7 +49,7 @@ def state_bytes_per_gpu(params: float, plan: ParallelPlan) -> float:
 
 
 def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> float:
-    """Bytes one layer keeps for backward, one micro-batch, one GPU (TP + SP, ``s/cp`` tokens).
+    """Bytes one layer keeps for backward, one micro-batch, one GPU (TP, SP, ``s/cp`` tokens).
 
     A GPT-shaped job (no ``d_ff``, no gated MLP: the Llama 2 presets, Megatron-LM 2021's GPT)
     uses Korthikanti et al. 2022's Table 2 (:func:`dtlab.memory.activation_bytes_per_layer`).
@@ -60,37 +61,64 @@ def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> floa
     op); an MoE layer's FC1 runs on ``top_k`` routed copies of each token (``d·k`` more, 1 B each
     when its GEMMs are FP8 — DeepSeek-V3 caches them in FP8 — else 2 B) for ``k + shared``
     experts of width ``f_e``. ``"selective"`` recomputes the norms (their outputs are not
-    kept); ``"full"`` keeps only the layer's input, ``2d``. All of it over ``tp``."""
+    kept); ``"full"`` keeps only the layer's input, ``2d``. All of it over ``tp`` with sequence
+    parallelism; without it (``plan.sequence_parallel=False``) the blocks' inputs and normalised
+    inputs stay whole on every TP rank and only the rest is over ``tp``."""
     s, b = req.seq_len // plan.cp, plan.micro_batch_size
     if not req.counts_tensors:
         return float(
             activation_bytes_per_layer(
-                s, b, req.d_model, req.n_heads, plan.tp, True, plan.recompute
+                s, b, req.d_model, req.n_heads, plan.tp, plan.sequence_parallel, plan.recompute
             )
         )
     d, w, g = req.d_model, req.attn_width, 2 if req.gated_mlp else 1
     if plan.recompute == "full":
-        per_token = 2 * d
+        whole, split = 2 * d, 0
     else:
         norms = 2 * d if plan.recompute == "none" else 0
         saved = req.attention_saved_width or (w + 2 * req.kv_width)
-        attention = 2 * d + norms + 2 * saved + 2 * w
         if req.is_moe and req.expert_d_ff:
             copy = 1 if req.gemm_dtype == "fp8" else 2
             experts = (req.top_k + req.shared_experts) * req.expert_d_ff
-            mlp = 2 * d + norms + copy * d * req.top_k + 2 * g * experts
+            mlp = copy * d * req.top_k + 2 * g * experts
         else:
-            mlp = 2 * d + norms + 2 * g * req.ffn
-        per_token = attention + mlp
-    return per_token * s * b / plan.tp
+            mlp = 2 * g * req.ffn
+        whole, split = 2 * (2 * d + norms), 2 * saved + 2 * w + mlp
+    sp = plan.tp if plan.sequence_parallel else 1
+    return (whole / sp + split / plan.tp) * s * b
 
 
 def activation_bytes_by_device(req: Requirements, plan: ParallelPlan) -> list[float]:
     """Peak activations on each pipeline device: its layers' bytes per micro-batch times the
-    micro-batches in flight (:func:`dtlab.plan.stages.activation_layers_in_flight`)."""
+    micro-batches in flight (:func:`dtlab.plan.stages.activation_layers_in_flight`), plus
+    :func:`held_stage_outputs_by_device` where the job's software keeps them."""
     per_layer = activation_bytes_per_layer_of(req, plan)
     m = max(1, int(micro_batches(req, plan)))
-    return [n * per_layer for n in activation_layers_in_flight(req, plan, m)]
+    layers = [n * per_layer for n in activation_layers_in_flight(req, plan, m)]
+    if not software_of(req).keeps_stage_outputs:
+        return layers
+    return [a + b for a, b in zip(layers, held_stage_outputs_by_device(req, plan, m), strict=True)]
+
+
+def held_stage_outputs_by_device(req: Requirements, plan: ParallelPlan, m: int) -> list[float]:
+    """Bytes of the stage outputs each device keeps until their backward, where the software
+    keeps them: Megatron-LM's 1F1B schedules of 2021 appended every micro-batch's output tensor
+    to ``output_tensors`` and freed it only at that micro-batch's backward (the output was
+    freed right after its send from December 2021, ``free_output_tensor``, later
+    ``deallocate_output_tensor``). One output is the chunk's last hidden state, ``2·s·b·d``
+    bytes, whole on every TP rank without sequence parallelism; the device holding the loss
+    keeps none for its last chunk."""
+    whole = 2.0 * (req.seq_len // plan.cp) * plan.micro_batch_size * req.d_model
+    one = whole / (plan.tp if plan.sequence_parallel else 1)
+    if plan.pp == 1:
+        return [0.0]
+    held = []
+    for device in range(plan.pp):
+        chunks = in_flight_chunks(plan, device, m) * plan.virtual_stages
+        if device == plan.pp - 1:  # its last chunk ends in the loss
+            chunks -= in_flight_chunks(plan, device, m)
+        held.append(chunks * one)
+    return held
 
 
 def activation_bytes_per_gpu(req: Requirements, plan: ParallelPlan) -> float:

@@ -13,7 +13,9 @@ flash attention: the scores go through HBM (``flash_attention=False``).
   2022, Table 3).
 
 Policy (each paper's, as far as it states one): 90 % of HBM planned, no bubble cap (the papers
-report throughput whatever the bubble).
+report throughput whatever the bubble), and the software of the 2021 paper
+(``"megatron-lm-2021"``, :mod:`dtlab.plan.software`: no sequence parallelism, no selective
+recomputation); Korthikanti et al. 2022's rows give their jobs ``"megatron-lm-2022"``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ GPT3_175B = Requirements(
     vocab_size=51_200,
     max_bubble=1.0,
     flash_attention=False,
+    software="megatron-lm-2021",
 )
 
 

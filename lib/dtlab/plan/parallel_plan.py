@@ -22,7 +22,11 @@ what ZeRO-1 costs); ``fp32_grad_accum`` (gradients accumulated across micro-batc
 in FP32: 4 B per parameter instead of 2, Llama 3 Sec. 3.3.4); ``async_tp`` (collective matmul
 hides forward's TP collectives too); ``zero3_collectives`` (ZeRO-3 only: ``"per_layer"``, a
 flat buffer per layer as FSDP gathers it, or ``"per_parameter"``, DeepSpeed's 2021 stage 3 —
-one list collective per tensor behind a device sync, :mod:`dtlab.plan.zero3_per_parameter`).
+one list collective per tensor behind a device sync, :mod:`dtlab.plan.zero3_per_parameter`);
+``sequence_parallel`` (Korthikanti et al. 2022, Sec. 4.2.2: the LayerNorm and dropout
+activations sharded over the TP ranks along the sequence, the all-reduces split into
+reduce-scatters and all-gathers of the same bytes; ``False`` is Megatron-LM before 2022, every
+TP rank keeping those activations for the whole sequence).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class ParallelPlan:
     fp32_grad_accum: bool = False  # gradients accumulated and reduced in FP32
     async_tp: bool = False  # collective matmul: forward TP collectives hidden under GEMMs
     zero3_collectives: str = "per_layer"  # ZeRO-3: "per_layer" (FSDP) or "per_parameter" (DS 2021)
+    sequence_parallel: bool = True  # TP's LayerNorm/dropout activations sharded too (2022 on)
 
     __hash__ = fields_hash_once
 
@@ -107,6 +112,7 @@ class ParallelPlan:
             "no reshard" if self.zero_stage == 3 and not self.reshard_after_forward else "",
             "fp32 grads" if self.fp32_grad_accum else "",
             "async TP" if self.async_tp else "",
+            "no SP" if not self.sequence_parallel and self.tp > 1 else "",
             "per-parameter"
             if self.zero_stage == 3 and self.zero3_collectives != "per_layer"
             else "",

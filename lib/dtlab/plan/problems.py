@@ -1,7 +1,10 @@
 """The interviewer's checklist: every reason a parallel plan does not work for a job.
 
-In the order an interviewer checks them: the plan uses exactly the job's GPUs; TP stays inside
-a node, where its per-layer all-reduces ride NVLink (Shoeybi et al. 2019, Sec. 3); TP divides
+First, the plan uses only what the job's software offers (:mod:`dtlab.plan.software`: no
+sequence parallelism or selective recomputation in Megatron-LM of 2021, …). Then, in the order
+an interviewer checks them: the plan uses exactly the job's GPUs; TP stays inside a node — no
+larger than one, and dividing it, so no TP group straddles two — where its per-layer
+all-reduces ride NVLink (Shoeybi et al. 2019, Sec. 3); TP divides
 the heads (and so the hidden size); the pipeline can cut the layers into its chunks — any
 layer count, uneven stages allowed, every chunk at least one slot
 (:func:`dtlab.plan.stages.stage_problems`); CP splits the sequence into
@@ -32,12 +35,22 @@ from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
 from dtlab.plan.parallel_plan import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO3_COLLECTIVES, ParallelPlan
+from dtlab.plan.software import software_of, software_problems
 from dtlab.plan.stages import stage_problems
 
 
 def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     """What is wrong with the plan's degrees, before any pricing."""
-    problems = []
+    problems = list(software_problems(req.software))
+    if problems:
+        return problems
+    problems += software_of(req).problems(plan)
+    if req.is_moe and plan.tp > 1 and not plan.sequence_parallel:
+        problems.append(
+            "a mixture of experts with tp > 1 needs sequence_parallel=True: Megatron-Core's "
+            "token dispatcher routes each TP rank's sequence shard (it refuses MoE with TP and "
+            "no SP)"
+        )
     if plan.world_size != req.n_gpus:
         dims = "dp·tp·pp" if plan.cp == 1 else "dp·tp·pp·cp"
         problems.append(f"{dims} = {plan.world_size}, but the job has {req.n_gpus} GPUs")

@@ -27,8 +27,12 @@ measured iteration time where a paper gives one (Korthikanti et al. 2022):
   t 8, p 64, 3,072 GPUs, batch 3,072) at 163 TFLOP/s. Its FLOPs are the paper's own
   ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` — full recomputation and the full attention
   square counted — so the 6N MFU is about three quarters of its "% of peak". Layout: full
-  recomputation, micro-batch 1, DDP (ZeRO-0) and the interleaved schedule (Sec. 2.2.2) with
-  two chunks per device (the depth is this module's reading) for PTD-P; ZeRO-3 with resharding for the
+  recomputation, micro-batch 1 (the 175B example script of April 2021,
+  ``examples/pretrain_gpt3_175B.sh``: ``--micro-batch-size 1``, ``--checkpoint-activations``),
+  DDP (ZeRO-0) and, for PTD-P, the interleaved schedule (Sec. 2.2.2) with two chunks per device
+  for 175B and none for 1T (depths are this module's reading: with two the 1T stage 0 would
+  hold 191 stage outputs of 105 MB each — 2021's schedule kept them until their backward — and
+  need 74 GB, over the 72 GB policy); ZeRO-3 with resharding for the
   ZeRO-3 rows (micro-batch = the whole per-GPU batch, one micro-batch: the paper's batch over
   GPUs). Policy: 90 % of HBM, and no bubble cap (the paper reports throughput whatever the
   bubble).
@@ -116,7 +120,10 @@ def _megatron(job: Requirements, gpus: int, tp: int, pp: int, zero: int, tflops:
     job = replace(job, n_gpus=gpus, name=f"{job.name.split(' (')[0]}, {gpus:,} A100")
     dp = gpus // (tp * pp)
     mbs = 1 if zero < 3 else job.global_batch_sequences // dp
-    plan = ParallelPlan(dp, tp, pp, zero, mbs, 2 if pp > 1 else 1, recompute="full")
+    # Two chunks per device where they fit; the 1T model's 128 layers over 64 stages leave one
+    # layer per chunk, and two chunks' held stage outputs (2021's 1F1B) would need 74 GB
+    chunks = 2 if 1 < pp < 64 else 1
+    plan = ParallelPlan(dp, tp, pp, zero, mbs, chunks, recompute="full", sequence_parallel=False)
     if zero == 3:  # DeepSpeed's stage 3 of 2021 (dtlab.plan.zero3_per_parameter)
         plan = replace(plan, zero3_collectives="per_parameter")
     label = "PTD-P" if zero < 3 else "ZeRO-3"
@@ -127,6 +134,7 @@ def _megatron(job: Requirements, gpus: int, tp: int, pp: int, zero: int, tflops:
         plan,
         tflops,
         megatron_flops_per_step(job),
+        baseline=zero == 3,
     )
 
 

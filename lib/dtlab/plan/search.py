@@ -16,8 +16,10 @@ Training on GPU Clusters Using Megatron-LM", Sec. 3, "takeaways"):
    divides the layer slots per stage (``⌊slots/pp⌋``: 1, 2, 4 or 8 for Llama 3's 128 slots over
    16 stages), stages uneven where ``pp`` does not divide the layers.
 
+Only TP degrees that divide a node are tried (a TP group of 3 on 8-GPU nodes straddles two).
 Those five run first with the defaults every Megatron recipe starts from — selective
-recomputation, no context parallelism, micro-batch 1 — exactly the candidates (and the order)
+recomputation (or the first the job's software offers: whole layers in Megatron-LM 2021), no
+context parallelism, micro-batch 1 — exactly the candidates (and the order)
 of the classic ``(dp, tp, pp)`` search, so the Llama 2 jobs plan as before. Only then are the
 levers that cut activations pulled, cheapest first (Korthikanti et al. 2022, Sec. 5; Liu et al.
 2023): **context parallelism**, smallest ``cp`` first (its ring hides behind attention's compute);
@@ -29,13 +31,16 @@ where small GEMMs lose efficiency, :mod:`dtlab.plan.compute`). Pipelines also tr
 **DualPipe** (all-to-alls under another micro-batch's compute). In those later tiers the
 search skips degrees that cannot work (TP not dividing the heads, a sequence CP cannot split,
 a batch that gives no whole number of micro-batches), which keeps the 16,384-GPU job to a few
-thousand candidates.
+thousand candidates. Every tier proposes only what the job's software offers
+(:mod:`dtlab.plan.software`): its recomputations, CP and schedules, sequence parallelism or
+not, and its ZeRO-3 flavour.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 from dtlab.cost import gpu
 from dtlab.mesh import layouts_of
@@ -43,11 +48,11 @@ from dtlab.mesh.layout_rules import context_parallel_problems, divisors, tensor_
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
+from dtlab.plan.software import software_of
 
 ZERO_STAGES = (1, 2, 3)
 CP_DEGREES = (1, 2, 4, 8, 16, 32)
 MICRO_BATCH_SIZES = (1, 2)
-RECOMPUTE_ORDER = ("selective", "full", "none")
 
 
 def expert_degrees(req: Requirements, dp: int, tp: int = 1, pp: int = 1) -> list[int]:
@@ -76,37 +81,69 @@ def interleave_depths(req: Requirements, pp: int) -> list[int]:
 def schedules_for(req: Requirements, pp: int, v: int) -> tuple[str, ...]:
     """Schedules worth trying: 1F1B; with a pipeline and no interleaving also ZB-H1 — or, for a
     mixture of experts on an even number of stages, DualPipe, whose overlap of the all-to-alls
-    is what such a job needs (and whose bubble is ZB-H1's order)."""
+    is what such a job needs (and whose bubble is ZB-H1's order) — where the job's software has
+    them."""
     if pp == 1 or v > 1:
         return ("1f1b",)
-    if req.is_moe and pp % 2 == 0:
-        return ("1f1b", "dualpipe")
-    return ("1f1b", "zb-h1")
+    offered = software_of(req).schedules
+    second = "dualpipe" if req.is_moe and pp % 2 == 0 else "zb-h1"
+    return ("1f1b", second) if second in offered else ("1f1b",)
+
+
+def _plan(req: Requirements, *degrees, **choices) -> ParallelPlan:
+    """A candidate carrying the job's numerics, and the software's SP and ZeRO-3 flavour."""
+    software = software_of(req)
+    plan = ParallelPlan(
+        *degrees,
+        **choices,
+        fp32_grad_accum=req.fp32_grads,
+        sequence_parallel=software.sequence_parallel,
+    )
+    if plan.zero_stage == 3:
+        return replace(plan, zero3_collectives=software.zero3_collectives[0])
+    return plan
+
+
+def _zero_stages(req: Requirements, stages: tuple[int, ...]) -> list[int]:
+    """``stages`` the job's software offers; plain data parallelism (ZeRO-0) in ZeRO-1's place
+    where it has no sharded optimizer (Megatron-LM before 2022)."""
+    offered = software_of(req).zero_stages
+    chosen = [z for z in stages if z in offered]
+    if 1 in stages and 1 not in offered and 0 in offered:
+        chosen.insert(0, 0)
+    return chosen
 
 
 def _classic(req: Requirements) -> Iterator[ParallelPlan]:
+    recompute = software_of(req).recompute[0]
     for layout in layouts_of(req.n_gpus, dims=("tp", "pp", "dp")):
-        if layout.tp > req.gpus_per_node or layout.pp > req.pipeline_layer_slots:
+        if req.gpus_per_node % layout.tp or layout.pp > req.pipeline_layer_slots:
             continue
-        for zero_stage in ZERO_STAGES:
+        for zero_stage in _zero_stages(req, ZERO_STAGES):
             for ep in expert_degrees(req, layout.dp, layout.tp, layout.pp):
                 for v in interleave_depths(req, layout.pp):
                     for schedule in schedules_for(req, layout.pp, v):
-                        yield ParallelPlan(
-                            layout.dp, layout.tp, layout.pp, zero_stage, 1, v, ep=ep,
-                            schedule=schedule, fp32_grad_accum=req.fp32_grads,
+                        yield _plan(
+                            req, layout.dp, layout.tp, layout.pp, zero_stage, 1, v, ep=ep,
+                            recompute=recompute, schedule=schedule,
                         )  # fmt: skip
 
 
 def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
-    """(micro-batch, recompute, cp) after the classic (1, selective, 1), cheapest first."""
+    """(micro-batch, recompute, cp) after the classic (1, selective, 1), cheapest first — of
+    what the job's software offers (its recomputation in its order, CP only where it has it)."""
+    software = software_of(req)
     cps = [
-        c for c in CP_DEGREES if c == 1 or not context_parallel_problems(c, req.seq_len, "zigzag")
+        c
+        for c in CP_DEGREES
+        if c == 1
+        or (software.context_parallel and not context_parallel_problems(c, req.seq_len, "zigzag"))
     ]
+    classic = (1, software.recompute[0], 1)
     for mbs in MICRO_BATCH_SIZES:
-        for recompute in RECOMPUTE_ORDER:
+        for recompute in software.recompute:
             for cp in cps:
-                if (mbs, recompute, cp) != (1, "selective", 1):
+                if (mbs, recompute, cp) != classic:
                     yield mbs, recompute, cp
 
 
@@ -122,23 +159,24 @@ def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[P
                 continue
             m = sequences // (dp * mbs)
             chunks = [v for v in interleave_depths(req, pp) if v == 1 or m % pp == 0]
-            for zero_stage in (1, 3):  # ZeRO-2 only in the classic tier: rarely between them
+            # ZeRO-2 only in the classic tier: rarely between them
+            for zero_stage in _zero_stages(req, (1, 3)):
                 for ep in expert_degrees(req, dp, tp, pp):
                     for v in chunks:
                         for schedule in schedules_for(req, pp, v):
-                            yield ParallelPlan(
-                                dp, tp, pp, zero_stage, mbs, v, cp, ep, recompute, schedule,
+                            yield _plan(
+                                req, dp, tp, pp, zero_stage, mbs, v, cp, ep, recompute, schedule,
                                 req.cp_kind if cp > 1 else "ring",
-                                fp32_grad_accum=req.fp32_grads,
                             )  # fmt: skip
 
 
 def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
     """Every plan worth checking for ``req``, in the expert's order of preference (above),
     each carrying the job's numerics and CP requirement (``fp32_grads``, ``cp_kind``)."""
-    yield from _classic(req)
+    software = software_of(req)
+    yield from (p for p in _classic(req) if not software.problems(p))
     for mbs, recompute, cp in _levers(req):
-        yield from _widened(req, mbs, recompute, cp)
+        yield from (p for p in _widened(req, mbs, recompute, cp) if not software.problems(p))
 
 
 def first_plan_that_fits(req: Requirements) -> ParallelPlan:

@@ -95,7 +95,8 @@ def print_worked_jobs(jobs: tuple[Requirements, ...] = CAPSTONE_JOBS) -> None:
 
 PUBLISHED_HEADER = (
     "| run | source | layout | accepted | step published → predicted (ratio) | "
-    "MFU 6N published / predicted | MFU 6N+attn published / predicted | rank | best plan |"
+    "MFU 6N published / predicted | MFU 6N+attn published / predicted | "
+    "rank (its software; today's) | best plan |"
 )
 
 
@@ -103,11 +104,15 @@ def format_published(c: PlannerVsPublished) -> str:
     """One markdown row of the planner-vs-published table."""
     r, t = c.run, c.predicted
     verdict = "yes" if not c.problems else "no: " + c.problems[0].split(":")[0]
+    later = ""
+    if r.job.software != "current":
+        later = f"; {c.rank_fraction_with('current'):.0%} today"
+    role = " (baseline)" if r.baseline else ""
     return (
         f"| {r.name} | {r.source} | {r.plan.describe()} | {verdict} | "
         f"{r.step_s:.2f} s → {t.step_s:.2f} s ({c.step_ratio:.2f}) | "
         f"{r.mfu_6n:.1%} / {t.mfu:.1%} | {r.mfu_attention:.1%} / {t.mfu_attention:.1%} | "
-        f"{c.rank + 1} of {len(c.passing_steps)} ({c.rank_fraction:.0%}) | "
+        f"{c.rank + 1} of {len(c.passing_steps)} ({c.rank_fraction:.0%}{later}){role} | "
         f"{c.best_plan.describe()}: {c.best.mfu:.1%} ({c.best_mfu_ratio:.2f}× this run, "
         f"{c.best.mfu / best_published_mfu_6n(r.job):.2f}× the model's best published) |"
     )

@@ -1,0 +1,133 @@
+"""The job's software as planner policy, sequence parallelism as a plan choice, and TP that
+must divide a node (:mod:`dtlab.plan.software`, :mod:`dtlab.plan.layout_cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dtlab.memory import activation_bytes_per_layer
+from dtlab.mesh.layout_rules import node_problems
+from dtlab.mesh.rank_arithmetic import tp_leaves_node_problems
+from dtlab.plan import LLAMA_70B, ParallelPlan, candidate_plans, plan_problems
+from dtlab.plan.large_jobs import DEEPSEEK_V3
+from dtlab.plan.layout_cost import (
+    activation_bytes_by_device,
+    activation_bytes_per_layer_of,
+    held_stage_outputs_by_device,
+)
+from dtlab.plan.megatron_jobs import GPT3_175B
+from dtlab.plan.software import SOFTWARE
+from dtlab.plan.stages import in_flight_chunks
+
+JOB_2021 = GPT3_175B  # software "megatron-lm-2021"
+PTD_P = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=False)
+
+
+def test_the_2021_job_runs_the_2021_software_and_its_layout_passes():
+    assert JOB_2021.software == "megatron-lm-2021" and LLAMA_70B.software == "current"
+    assert plan_problems(JOB_2021, PTD_P) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"sequence_parallel": True}, "no sequence parallelism"),
+        ({"recompute": "selective"}, "no recompute='selective'"),
+        ({"cp": 2, "dp": 2}, "no context parallelism"),
+        ({"schedule": "zb-h1", "virtual_stages": 1}, "no the 'zb-h1' schedule"),
+        ({"zero_stage": 1}, "no ZeRO-1"),
+        ({"zero_stage": 3, "zero3_collectives": "per_parameter"}, "ZeRO-3 with a pipeline"),
+        ({"async_tp": True}, "no asynchronous TP"),
+    ],
+)
+def test_a_technique_the_jobs_software_lacks_is_refused_by_name(change, named):
+    problems = plan_problems(JOB_2021, replace(PTD_P, **change))
+    assert any(named in p and "megatron-lm-2021" in p for p in problems), problems
+
+
+def test_2021_zero3_is_deepspeeds_per_parameter_one_without_a_pipeline():
+    zero3 = ParallelPlan(384, 1, 1, 3, 4, recompute="full", sequence_parallel=False)
+    assert plan_problems(JOB_2021, replace(zero3, zero3_collectives="per_parameter")) == []
+    (problem,) = plan_problems(JOB_2021, zero3)
+    assert "no zero3_collectives='per_layer'" in problem
+
+
+def test_an_unknown_software_is_refused_with_the_presets():
+    (problem,) = plan_problems(replace(LLAMA_70B, software="megatron-1999"), PTD_P)
+    assert "software='megatron-1999' is not a preset" in problem
+    assert all(name in problem for name in SOFTWARE)
+
+
+def test_the_search_proposes_only_what_the_2021_software_offers():
+    plans = list(candidate_plans(JOB_2021))
+    assert plans and all(not SOFTWARE["megatron-lm-2021"].problems(p) for p in plans)
+    assert {p.recompute for p in plans} == {"full", "none"}
+    assert {p.zero_stage for p in plans} == {0, 3} and not any(p.sequence_parallel for p in plans)
+    assert {p.zero3_collectives for p in plans if p.zero_stage == 3} == {"per_parameter"}
+    assert all(p.pp == 1 for p in plans if p.zero_stage == 3)
+    assert {p.cp for p in plans} == {1} and {p.schedule for p in plans} == {"1f1b"}
+
+
+def test_the_2022_software_adds_sp_selective_and_the_distributed_optimizer_only():
+    job = replace(JOB_2021, software="megatron-lm-2022")
+    plans = list(candidate_plans(job))
+    assert {p.zero_stage for p in plans} == {1}  # ZeRO-1 costs DDP's bytes: always taken
+    assert all(p.sequence_parallel for p in plans) and "selective" in {p.recompute for p in plans}
+    assert {p.cp for p in plans} == {1} and {p.schedule for p in plans} == {"1f1b"}
+
+
+def test_no_plan_with_tp_that_does_not_divide_a_node_is_proposed_or_passes():
+    assert not any(8 % p.tp for p in candidate_plans(replace(LLAMA_70B, n_gpus=384)))
+    job = replace(LLAMA_70B, n_gpus=24 * 64)
+    problems = plan_problems(job, ParallelPlan(512, 3, 1))
+    assert any("TP 3 does not divide a node of 8 GPUs" in p for p in problems)
+    assert node_problems(4, 8) == [] and node_problems(16, 8) != []
+
+
+def test_the_mesh_says_a_tp_that_does_not_divide_the_node_straddles_it():
+    (problem,) = tp_leaves_node_problems((2, 3), ("dp", "tp"), 4)
+    assert "e.g. [3, 4, 5]" in problem and "tp=3 does not divide a node of 4 ranks" in problem
+    (problem,) = tp_leaves_node_problems((1, 8), ("dp", "tp"), 4)
+    assert "tp=8 is larger than a node" in problem
+
+
+def test_without_sp_the_gpt_layer_keeps_korthikantis_tp_only_activations():
+    s, b, h, a = 2048, 1, 12288, 96
+    for recompute in ("none", "selective", "full"):
+        plan = replace(PTD_P, recompute=recompute)
+        expected = activation_bytes_per_layer(s, b, h, a, 8, False, recompute)
+        assert activation_bytes_per_layer_of(JOB_2021, plan) == expected
+        with_sp = activation_bytes_per_layer_of(JOB_2021, replace(plan, sequence_parallel=True))
+        assert with_sp < expected
+    # Korthikanti et al. 2022, Eq. 2: sbh(10 + 24/t + 5as/(ht)) with t = 8
+    none = activation_bytes_per_layer_of(JOB_2021, replace(PTD_P, recompute="none"))
+    assert none == s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8))
+
+
+def test_without_sp_a_shaped_jobs_block_inputs_stay_whole_on_every_tp_rank():
+    plan = ParallelPlan(16, 8, 16, 1, recompute="selective")
+    d, s = LLAMA_70B.d_model, LLAMA_70B.seq_len
+    job = replace(LLAMA_70B, d_ff=28672, gated_mlp=True, n_gpus=2048)
+    gap = activation_bytes_per_layer_of(job, replace(plan, sequence_parallel=False))
+    gap -= activation_bytes_per_layer_of(job, plan)
+    assert gap == pytest.approx(2 * 2 * d * s * (1 - 1 / 8))  # two block inputs, 2 B each
+
+
+def test_moe_with_tp_needs_sp():
+    plan = ParallelPlan(16, 2, 16, 1, ep=8, sequence_parallel=False)
+    assert any("needs sequence_parallel=True" in p for p in plan_problems(DEEPSEEK_V3, plan))
+
+
+def test_the_2021_schedule_holds_each_in_flight_micro_batchs_stage_output():
+    m = 384
+    held = held_stage_outputs_by_device(JOB_2021, PTD_P, m)
+    one = 2 * 2048 * 12288  # 2·s·b·h, whole on every TP rank without SP
+    assert held[0] == in_flight_chunks(PTD_P, 0, m) * 2 * one
+    assert held[-1] == in_flight_chunks(PTD_P, 11, m) * one  # its second chunk ends in the loss
+    later = replace(JOB_2021, software="megatron-lm-2022")
+    assert [a - b for a, b in zip(
+        activation_bytes_by_device(JOB_2021, PTD_P), activation_bytes_by_device(later, PTD_P),
+        strict=True,
+    )] == pytest.approx(held)  # fmt: skip
