@@ -446,25 +446,29 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # 1T (Table 1), Korthikanti et al. 2022's measured iteration times for the same GPTs on the same
 # A100s (with sequence parallelism and selective recomputation, and with full recomputation),
 # and DeepSeek-V3 as jobs — model shapes, batch, hardware and each paper's own policy (how much
-# HBM it planned into) — with the layout each ran and the throughput it reported, turned into a
-# step time under the paper's own FLOP convention. Below: each published layout priced by the
-# planner, with MFU on both bases (6N, and 6N + causal attention). Look for: every layout
-# accepted and every step within ±15 % — Llama 3 (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the
-# 1T run (0.92–0.98), Korthikanti's seven (0.99–1.12), with GEMMs priced by the model measured on
-# an H200 (waves of tiles: large GEMMs at the ~69 % of peak a long burst sustains on Hopper,
-# small ones far below); the recomputation tax Korthikanti measured (full over selective,
-# 1.30–1.32×) predicted within 5 %; Llama 3's 131K row at 38 % on the attention-counting basis
-# but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran stage 3 in 2021: one
-# collective per parameter tensor, each after a device-wide sync, with host work that grows with
-# the number of ranks — so the step is ``C/N + k·N``: published, 768 and 1,536 GPUs took the same
-# 67 s; the model gives 59 and 72 s.
+# HBM it planned into, and the software it had: Megatron-LM of 2021 had no sequence
+# parallelism, no selective recomputation and no sharded optimizer) — with the layout each ran
+# and the throughput it reported, turned into a step time under the paper's own FLOP convention.
+# Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
+# causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
+# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.92–1.03), Korthikanti's seven
+# (0.99–1.12), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
+# the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
+# tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
+# row at 38 % on the attention-counting basis but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07)
+# priced as DeepSpeed ran stage 3 in 2021: one collective per parameter tensor, each after a
+# device-wide sync, with host work that grows with the number of ranks — so the step is
+# ``C/N + k·N``: published, 768 and 1,536 GPUs took the same 67 s; the model gives 59 and 72 s.
 # Priced as a modern per-layer ZeRO-3 (FSDP) those rows would be 1.3–4.1× faster than measured:
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
-# layout among the planner's own passing plans and shows what the planner's best plan claims
-# (`python -m dtlab.plan.worked --published`). One result misses a goal there: the 384-GPU
-# PTD-P layout ranks at 27 % (goal: the fastest quarter); half the plans ahead of it use
-# selective recomputation, which Korthikanti et al. measured 1.32× faster on this very model, and
-# most others smaller TP with ZeRO-1 — layouts that paper never measured.
+# layout among the plans its own software could run, and against today's, and shows what the
+# planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
+# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 48 / 36 / 31 % (goal: the fastest
+# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 9 %
+# faster — inside the model's own ±15 % — and one to three skip recomputation with a deeper
+# pipeline, which nobody measured. Against today's software they rank 26 / 21 / 18 %, behind
+# plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this
+# very model.
 
 # %%
 if FAST:

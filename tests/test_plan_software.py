@@ -131,3 +131,18 @@ def test_the_2021_schedule_holds_each_in_flight_micro_batchs_stage_output():
         activation_bytes_by_device(JOB_2021, PTD_P), activation_bytes_by_device(later, PTD_P),
         strict=True,
     )] == pytest.approx(held)  # fmt: skip
+
+
+def test_without_recomputation_the_2021_175b_layout_overflows_an_80_gb_a100():
+    """The bank's case: ~56 GB of activations on stage 0 beside ~30 GB of model state; SP and
+    selective recomputation (2022) keep ~10 GB."""
+    from dtlab.cost import gpu
+    from dtlab.plan.case_studies import megatron_175b_stage0_activations_gb
+    from dtlab.plan.memory_by_category import memory_per_gpu
+
+    plan = replace(PTD_P, recompute="none", virtual_stages=1)
+    job = replace(JOB_2021, n_gpus=384)
+    assert memory_per_gpu(job, plan).total > gpu(job.gpu).hbm_bytes
+    assert megatron_175b_stage0_activations_gb() == pytest.approx(56.2, abs=0.1)
+    later = megatron_175b_stage0_activations_gb("selective", True, "megatron-lm-2022")
+    assert later == pytest.approx(96 * 34 * 2048 * 12288 / 8 / 1e9)

@@ -120,3 +120,17 @@ def megatron_zero3_implied_bandwidth(gpus: int = 1536) -> float:
     """GB/s per GPU Megatron-LM 2021's ZeRO-3 175B row on ``gpus`` A100s implies for its
     data-parallel traffic (:func:`~dtlab.plan.published.implied_zero3_bandwidth`)."""
     return implied_zero3_bandwidth(published_run(f"GPT-3 175B, {gpus:,} A100 ZeRO-3")) / 1e9
+
+
+def megatron_175b_stage0_activations_gb(
+    recompute: str = "none", sequence_parallel: bool = False, software: str = "megatron-lm-2021"
+) -> float:
+    """GB of activations on pipeline device 0 of Megatron-LM 2021's 384-GPU GPT-3 175B layout
+    (TP 8, PP 12, micro-batch 1) run as plain 1F1B with ``recompute``, with or without sequence
+    parallelism, on ``software`` (2021's holds every in-flight stage output too): why the 2021
+    recipe recomputed every layer, and what Korthikanti et al. 2022 changed."""
+    run = published_run("GPT-3 175B, 384 A100 PTD-P")
+    plan = replace(
+        run.plan, recompute=recompute, sequence_parallel=sequence_parallel, virtual_stages=1
+    )
+    return activation_bytes_by_device(replace(run.job, software=software), plan)[0] / 1e9

@@ -42,12 +42,16 @@ measured iteration time where a paper gives one (Korthikanti et al. 2022):
   ``zero3_collectives="per_parameter"`` (:mod:`dtlab.plan.zero3_per_parameter`). Priced as a
   modern per-layer ZeRO-3 they would be 1.3–4.1× faster than measured
   (:mod:`dtlab.plan.zero3_gap`). They are the baseline the paper's PTD-P beat, not a layout it
-  chose, so the rank goal (the fastest quarter) is not theirs.
+  chose (``PublishedRun.baseline``), so the rank goal (the fastest quarter) is not theirs.
+
+  The 2021 jobs run Megatron-LM's software of 2021 (``software="megatron-lm-2021"``,
+  :mod:`dtlab.plan.software`), and their layouts are priced as they ran: no sequence
+  parallelism, every in-flight stage output held until its backward.
 * **Korthikanti et al. 2022** (:mod:`dtlab.plan.published_selective`): the same GPTs on the same
   Selene A100s with sequence parallelism and selective recomputation, and with full
   recomputation — seven measured iteration times. They pin the recomputation tax and the
-  A100 MFU ceiling (55–56 % on 6N) the planner's winners for the 2021 jobs claim
-  (:func:`best_published_mfu_6n`).
+  A100 MFU ceiling (55–56 % on 6N) the planner's winner for the 2021 1T job claims when given
+  2022's software (:func:`best_published_mfu_6n`).
 * **DeepSeek-V3** (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 3–4): 671B (37B
   active), 61 layers, d 7,168, 128 heads (MLA priced as attention of width 20,480: 128 heads
   of 192 for ``Q·Kᵀ`` and 128 for ``A·V``, averaged), 3 dense layers (FFN 18,432) and 58 MoE
@@ -173,8 +177,8 @@ def best_published_mfu_6n(job: Requirements) -> float:
     """The highest 6N MFU any published run of ``job``'s model (its parameters) reached on
     ``job``'s GPU: what a winner the planner proposes for ``job`` is held to. For the 2021 1T
     job that is Korthikanti et al. 2022's 55.5 % on the same model and cluster, not the 2021
-    run's own 38.7 % — the plan the planner prefers (TP 8, a deep pipeline, selective
-    recomputation) is the one that paper ran."""
+    run's own 38.7 % — the plan the planner prefers for that job given 2022's software (TP 8,
+    a deep pipeline, selective recomputation) is the one that paper ran."""
     return max(
         r.mfu_6n for r in PUBLISHED_RUNS if r.job.params == job.params and r.job.gpu == job.gpu
     )

@@ -27,8 +27,10 @@ the published step is the measured iteration time, whatever the convention.
 
 What these rows test that the 2021 rows cannot: the recomputation tax (measured 1.30–1.32×,
 full over selective) and the MFU ceiling a layout with TP 8, a deep pipeline and selective
-recomputation reaches on A100s (55–56 % on 6N) — the one the planner's winners for the 2021
-jobs claim (:mod:`dtlab.plan.published`).
+recomputation reaches on A100s (55–56 % on 6N) — the one the planner's winner for the 2021 1T
+job claims once that job is given 2022's software (:mod:`dtlab.plan.published`). The
+full-recomputation rows are the paper's **baseline** (``PublishedRun.baseline``): their steps are
+held to ±15 %, the rank goal is the SP + selective rows'.
 """
 
 from __future__ import annotations
