@@ -451,7 +451,7 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # and the throughput it reported, turned into a step time under the paper's own FLOP convention.
 # Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
 # causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
-# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.92–1.03), Korthikanti's seven
+# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.95–1.05), Korthikanti's seven
 # (0.99–1.12), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
 # the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
 # tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
@@ -463,10 +463,10 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
 # planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 48 / 36 / 31 % (goal: the fastest
-# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 9 %
+# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 52 / 41 / 36 % (goal: the fastest
+# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 11 %
 # faster — inside the model's own ±15 % — and one to three skip recomputation with a deeper
-# pipeline, which nobody measured. Against today's software they rank 26 / 21 / 18 %, behind
+# pipeline, which nobody measured. Against today's software they rank 29 / 23 / 19 %, behind
 # plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this
 # very model.
 

@@ -102,7 +102,8 @@ def test_bytes_each_gpu_sends_per_step_match_the_ring_formulas():
     assert math.isclose(
         traffic.tp, m * (80 / 4) * 8 * (7 / 8) * sbh, rel_tol=1e-12
     )  # SP: 4 AG + 4 RS
-    assert traffic.pp == 2 * 2 * m * sbh  # activations forward, gradients back, v = 2 chunks
+    # activations forward, gradients back, v = 2 chunks; each of the 8 TP ranks sends its slice
+    assert traffic.pp == 2 * 2 * m * sbh / 8
     assert traffic.total == traffic.dp + traffic.tp + traffic.pp
     zero3 = traffic_per_gpu(job, ParallelPlan(dp=64, tp=8, pp=4, zero_stage=3, virtual_stages=2))
     # every one of the m micro-batches gathers the parameters twice and reduce-scatters once

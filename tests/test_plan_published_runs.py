@@ -28,15 +28,15 @@ Korthikanti et al. beat — are held to ±15 % but not to the rank goal.
 The rank goal is missed by the three GPT-3 175B PTD-P rows of 2021, pinned below with both
 lenses (no constant was retuned to win them back; a change that moves them fails here and must
 update the pins and the README). Within 2021's software nearly every plan ahead of the published
-one also recomputes whole layers and is 0.1–9 % faster (micro-batch 2, TP 4, other depths and
-interleavings: inside the model's own ±15 %); one or three skip recomputation with a deeper
+one also recomputes whole layers and is 0.1–11 % faster (micro-batch 2, TP 4, other depths and
+interleavings: inside the model's own ±15 %); one to three skip recomputation with a deeper
 pipeline (1F1B's stage 0 holds ``L`` layers' activations whatever ``pp`` is, so deepening it
 frees model state until they fit: at 384 GPUs TP 8 × PP 48, 66.5 of 72 GB, 1.20× faster),
-which no paper measured. With today's software the published layout
-ranks 26 / 21 / 18 %; most plans ahead of it use selective recomputation and sequence
-parallelism, which Korthikanti et al. measured 1.32× faster on this model and cluster. The
-best-plan cap is held against the best published MFU of the same model on the same GPU
-(:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given 2022's software
+which no paper measured. With today's software the published layouts rank 29 / 23 / 19 %; most
+plans ahead of them use selective recomputation and sequence parallelism, which Korthikanti et
+al. measured 1.32× faster on this model and cluster. The best-plan cap is held against the best
+published MFU of the same model on the same GPU
+(:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given today's software
 picks TP 8 with selective recomputation at 57.1 %, 1.03× the 55.5 % Korthikanti et al. ran.
 """
 
@@ -64,9 +64,9 @@ from dtlab.plan.zero3_gap import (
 from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 RANK_MISSES = {
-    "GPT-3 175B, 384 A100 PTD-P": (0.48, 0.26),
-    "GPT-3 175B, 768 A100 PTD-P": (0.36, 0.21),
-    "GPT-3 175B, 1,536 A100 PTD-P": (0.31, 0.18),
+    "GPT-3 175B, 384 A100 PTD-P": (0.52, 0.29),
+    "GPT-3 175B, 768 A100 PTD-P": (0.41, 0.23),
+    "GPT-3 175B, 1,536 A100 PTD-P": (0.36, 0.19),
 }
 """Share of the plans faster than the published layout: among its own software's, and today's."""
 
@@ -125,17 +125,20 @@ def test_the_best_plan_claims_no_more_than_the_cap_over_the_models_best_publishe
     assert compared[run.name].best.mfu <= cap
 
 
-def test_given_2022_software_the_1t_winner_is_the_plan_korthikanti_ran_at_their_mfu(compared):
+def test_the_1t_winner_is_korthikantis_plan_once_the_software_has_it(compared):
     """Within 2021's software the 1T job's winner recomputes whole layers (nothing else
-    existed) and the published layout is the fastest; given Megatron-LM of 2022 the winner is
-    TP 8 with selective recomputation at what the same model reached on the same A100s."""
+    existed) and the published layout is the fastest. Given Megatron-LM of 2022 the winner is
+    TP 8 with SP and selective recomputation, at no more than what that paper measured on the
+    same model and A100s (its DP sync still after the backward); given today's software —
+    ZeRO-1, the sync overlapped — at 1.03× it."""
     c = compared["GPT 1T, 3,072 A100 PTD-P"]
     assert c.rank == 0 and c.best_plan.recompute == "full" and c.best.mfu < 0.45
-    timed = passing_plans_timed(replace(c.run.job, software="megatron-lm-2022"))
-    best, plan = timed[0]
-    assert plan.recompute == "selective" and plan.tp == 8 and plan.sequence_parallel
-    assert best_published_mfu_6n(c.run.job) == pytest.approx(0.555, abs=0.002)
-    assert 1 < best.mfu / best_published_mfu_6n(c.run.job) < 1.05
+    measured = best_published_mfu_6n(c.run.job)
+    assert measured == pytest.approx(0.555, abs=0.002)
+    for software, low, high in (("megatron-lm-2022", 0.85, 1.0), ("current", 1.0, 1.05)):
+        best, plan = passing_plans_timed(replace(c.run.job, software=software))[0]
+        assert plan.recompute == "selective" and plan.tp == 8 and plan.sequence_parallel
+        assert low < best.mfu / measured < high
 
 
 def test_baselines_are_slower_than_the_layout_their_paper_chose(compared):
@@ -190,8 +193,8 @@ def test_deepspeed_2021_zero3_stops_scaling_from_768_to_1536_gpus(compared):
 @pytest.mark.parametrize("gpus", [384, 768, 1536])
 def test_the_planner_reproduces_the_papers_ptd_p_over_zero3_speedup(gpus, compared):
     """Narayanan et al. 2021, Sec. 5.2: PTD-P beats ZeRO-3 by 6 % at 384 GPUs and ~70 % once
-    the GPUs double; at 1,536 it is 3.2× faster. The model: 1.03 / 1.59 / 3.72× — each within
-    20 % (the last is two ±15 % predictions' errors compounded: PTD-P 0.92, ZeRO-3 1.07)."""
+    the GPUs double; at 1,536 it is 3.2× faster. The model: 1.00 / 1.55 / 3.62× — each within
+    20 % (the last is two ±15 % predictions' errors compounded: PTD-P 0.95, ZeRO-3 1.07)."""
     ptd, zero3 = (next(r for r in PUBLISHED_RUNS if r.name == f"GPT-3 175B, {gpus:,} A100 {k}")
                   for k in ("PTD-P", "ZeRO-3"))  # fmt: skip
     published = zero3.step_s / ptd.step_s

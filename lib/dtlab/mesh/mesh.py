@@ -120,7 +120,8 @@ class Mesh:
     def crosses_nodes(self, dim: str) -> bool:
         """Whether this rank's ``dim`` group spans more than one node — its collectives then run
         at the NIC's bandwidth instead of NVLink's. With ``tp`` innermost in the rank order a TP
-        group of at most ``ranks_per_node`` ranks stays inside a node."""
+        group whose size divides ``ranks_per_node`` stays inside a node (one of 3 on nodes of 8
+        does not: ranks 6, 7, 8)."""
         return len({self.node_of(r) for r in self._ranks[dim]}) > 1
 
     # -- pipeline neighbours -------------------------------------------------------------------

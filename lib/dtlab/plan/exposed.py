@@ -91,12 +91,16 @@ def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: in
     return volume * layers / gpu(req.gpu).nvlink.bandwidth_bytes_per_s
 
 
-def tp_exposed(plan: ParallelPlan, tp_s: float, c: MicroBatchCompute) -> tuple[float, float]:
-    """(forward-side, backward-side) exposed TP seconds of one micro-batch (module docstring)."""
+def tp_exposed(
+    plan: ParallelPlan, tp_s: float, c: MicroBatchCompute, overlap_backward: bool = True
+) -> tuple[float, float]:
+    """(forward-side, backward-side) exposed TP seconds of one micro-batch (module docstring);
+    ``overlap_backward=False`` for software whose backward all-reduces wait (Megatron-LM before
+    its asynchronous TP all-reduce of September 2021)."""
     forward, backward = tp_s / 2, tp_s / 2
     linear_forward = c.forward_s - c.attention_forward_s
     shown_forward = max(0.0, forward - linear_forward) if plan.async_tp else forward
-    shown_backward = max(0.0, backward - c.weight_grad_s)
+    shown_backward = max(0.0, backward - c.weight_grad_s) if overlap_backward else backward
     if plan.recompute == "full":
         shown_backward += shown_forward  # the rerun forward's collectives
     return shown_forward, shown_backward
@@ -200,15 +204,25 @@ def dp_total_seconds(plan: ParallelPlan, rs: float, ag: float, m: int) -> float:
 
 
 def dp_exposed(
-    plan: ParallelPlan, rs: float, ag: float, c: MicroBatchCompute, m: int
+    plan: ParallelPlan,
+    rs: float,
+    ag: float,
+    c: MicroBatchCompute,
+    m: int,
+    overlap_once_a_step: bool = True,
 ) -> tuple[float, float]:
     """(exposed seconds per step on device 0, exposed seconds per micro-batch on every device)
-    of the data-parallel traffic (module docstring); ``c`` is device 0's micro-batch."""
+    of the data-parallel traffic (module docstring); ``c`` is device 0's micro-batch.
+    ``overlap_once_a_step=False`` for software that reduces after the backward and gathers
+    after the optimizer step (Megatron-LM's ``--DDP-impl local`` before its 2023
+    ``--overlap-grad-reduce``): ZeRO-0 and ZeRO-1's once-a-step sync fully exposed."""
     chunks = plan.virtual_stages if plan.schedule == "1f1b" else 1
     chunks = 2 if plan.schedule == "dualpipev" else chunks
     last_backward = (c.input_grad_s + c.weight_grad_s) / chunks
     first_forward = c.forward_s / chunks
     stage = plan.zero_stage
+    if stage in (0, 1) and not overlap_once_a_step:
+        return rs + ag, 0.0
     if stage == 0:
         return max(0.0, rs + ag - last_backward), 0.0
     if stage == 1 or (stage == 3 and not plan.reshard_after_forward):

@@ -106,8 +106,10 @@ def held_stage_outputs_by_device(req: Requirements, plan: ParallelPlan, m: int) 
     to ``output_tensors`` and freed it only at that micro-batch's backward (the output was
     freed right after its send from December 2021, ``free_output_tensor``, later
     ``deallocate_output_tensor``). One output is the chunk's last hidden state, ``2·s·b·d``
-    bytes, whole on every TP rank without sequence parallelism; the device holding the loss
-    keeps none for its last chunk."""
+    bytes, whole on every TP rank without sequence parallelism. Every in-flight
+    (micro-batch, chunk) holds one, except on the last device without interleaving, whose only
+    chunk ends in the loss; interleaved, its in-flight chunks are all earlier ones (its loss
+    chunk's backward runs right after that chunk's forward)."""
     whole = 2.0 * (req.seq_len // plan.cp) * plan.micro_batch_size * req.d_model
     one = whole / (plan.tp if plan.sequence_parallel else 1)
     if plan.pp == 1:
@@ -115,8 +117,8 @@ def held_stage_outputs_by_device(req: Requirements, plan: ParallelPlan, m: int) 
     held = []
     for device in range(plan.pp):
         chunks = in_flight_chunks(plan, device, m) * plan.virtual_stages
-        if device == plan.pp - 1:  # its last chunk ends in the loss
-            chunks -= in_flight_chunks(plan, device, m)
+        if device == plan.pp - 1 and plan.virtual_stages == 1:  # its one chunk ends in the loss
+            chunks = 0.0
         held.append(chunks * one)
     return held
 
@@ -207,7 +209,9 @@ def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int =
       ``m`` micro-batches (:func:`dtlab.cost.volumes.sp_collective_volume_per_layer`); full
       recomputation repeats forward's half: 1.5×;
     * ``pp``: a middle stage's activations forward and gradients back, ``2·v·m·s·b·h·e``
-      (:func:`dtlab.cost.volumes.pipeline_p2p_bytes_per_step`); 0 without a pipeline;
+      (:func:`dtlab.cost.volumes.pipeline_p2p_bytes_per_step`) over the ``tp`` ranks of the
+      stage, each sending its slice (Megatron's scatter-gather, on by default since 2021 — as
+      :func:`dtlab.plan.exposed.pp_exposed_s` times it); 0 without a pipeline;
     * ``cp``: ring attention's K/V blocks, ``m·(L/pp)`` times
       :func:`dtlab.plan.wire.ring_attention_bytes_per_layer`;
     * ``ep``: the all-to-alls of its stage's ``moe_layers/pp`` MoE layers, ``m`` times
@@ -227,8 +231,11 @@ def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int =
     tp = m * (req.n_layers / plan.pp) * per_layer * (1.5 if plan.recompute == "full" else 1)
     pp = 0.0
     if plan.pp > 1:
-        pp = pipeline_p2p_bytes_per_step(
-            seq, plan.micro_batch_size, req.d_model, m, plan.virtual_stages, bytes_per_elem
+        pp = (
+            pipeline_p2p_bytes_per_step(
+                seq, plan.micro_batch_size, req.d_model, m, plan.virtual_stages, bytes_per_elem
+            )
+            / plan.tp
         )
     cp = m * (req.n_layers / plan.pp) * ring_attention_bytes_per_layer(req, plan, bytes_per_elem)
     ep = 0.0

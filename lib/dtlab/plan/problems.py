@@ -44,7 +44,7 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     problems = list(software_problems(req.software))
     if problems:
         return problems
-    problems += software_of(req).problems(plan)
+    problems += software_of(req).problems(plan, req.pipeline_layer_slots)
     if req.is_moe and plan.tp > 1 and not plan.sequence_parallel:
         problems.append(
             "a mixture of experts with tp > 1 needs sequence_parallel=True: Megatron-Core's "

@@ -120,13 +120,22 @@ def _llama3(gpus: int, seq: int, cp: int, tflops: float) -> PublishedRun:
     return PublishedRun(job.name, LLAMA3_SOURCE, job, plan, tflops, causal_flops_per_step(job))
 
 
-def _megatron(job: Requirements, gpus: int, tp: int, pp: int, zero: int, tflops: float, table: int):
+def _megatron(
+    job: Requirements,
+    gpus: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    tflops: float,
+    table: int,
+    chunks: int = 1,
+):
+    """One row of Narayanan et al.'s Tables 1–2 as it ran: ``chunks`` model chunks per pipeline
+    device (the interleaving depth this module reads, module docstring), full recomputation,
+    no sequence parallelism; its ZeRO-3 rows DeepSpeed's per-parameter stage 3."""
     job = replace(job, n_gpus=gpus, name=f"{job.name.split(' (')[0]}, {gpus:,} A100")
     dp = gpus // (tp * pp)
     mbs = 1 if zero < 3 else job.global_batch_sequences // dp
-    # Two chunks per device where they fit; the 1T model's 128 layers over 64 stages leave one
-    # layer per chunk, and two chunks' held stage outputs (2021's 1F1B) would need 74 GB
-    chunks = 2 if 1 < pp < 64 else 1
     plan = ParallelPlan(dp, tp, pp, zero, mbs, chunks, recompute="full", sequence_parallel=False)
     if zero == 3:  # DeepSpeed's stage 3 of 2021 (dtlab.plan.zero3_per_parameter)
         plan = replace(plan, zero3_collectives="per_parameter")
@@ -160,9 +169,9 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
     _llama3(8192, 8192, 1, 430),
     _llama3(16384, 8192, 1, 400),
     _llama3(16384, 131072, 16, 380),
-    _megatron(GPT3_175B, 384, 8, 12, 0, 153, 2),
-    _megatron(GPT3_175B, 768, 8, 12, 0, 149, 2),
-    _megatron(GPT3_175B, 1536, 8, 12, 0, 141, 2),
+    _megatron(GPT3_175B, 384, 8, 12, 0, 153, 2, chunks=2),
+    _megatron(GPT3_175B, 768, 8, 12, 0, 149, 2, chunks=2),
+    _megatron(GPT3_175B, 1536, 8, 12, 0, 141, 2, chunks=2),
     _megatron(GPT3_175B, 384, 1, 1, 3, 144, 2),
     _megatron(GPT3_175B, 768, 1, 1, 3, 88, 2),
     _megatron(GPT3_175B, 1536, 1, 1, 3, 44, 2),

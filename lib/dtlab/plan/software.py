@@ -13,24 +13,36 @@ The presets, and the sources that date them:
 
 * ``"current"`` — every technique: sequence parallelism, selective recomputation, context
   parallelism, ZB-H1 and DualPipe schedules, asynchronous TP, per-layer (FSDP-style) ZeRO-3.
-* ``"megatron-lm-2022"`` — Korthikanti et al. 2022 ("Reducing Activation Recomputation in
-  Large Transformer Models"): sequence parallelism and selective recomputation join Megatron-LM
-  (its ``--sequence-parallel`` and ``--recompute-granularity`` arrived in April–May 2022), and
-  the distributed optimizer, ZeRO-1 (March 2022, ``megatron/optimizer/distrib_optimizer.py``);
-  still no ZeRO-3, no context parallelism (Megatron-Core, 2023), no zero-bubble schedules (Qi
-  et al. 2023), no DualPipe (DeepSeek-AI 2024), no asynchronous TP.
+* ``"megatron-lm-2022"`` — Megatron-LM as Korthikanti et al. 2022 ("Reducing Activation
+  Recomputation in Large Transformer Models") ran it: sequence parallelism and selective
+  recomputation (``--sequence-parallel``, ``--recompute-granularity``, merged May 2022), the
+  backward TP all-reduce asynchronous under the weight-gradient GEMM (September 2021); plain
+  data parallelism reduced after the backward (the distributed optimizer merged in June 2022,
+  after the paper; overlapped gradient reduction in 2023), every stage and chunk as many layers,
+  interleaving on 3 stages or more; no ZeRO-3, no context parallelism (Megatron-Core, 2023), no
+  zero-bubble schedules (Qi et al. 2023), no DualPipe (DeepSeek-AI 2024), no collective
+  matmul (``async_tp``).
 * ``"megatron-lm-2021"`` — the two systems Narayanan et al. 2021 ("Efficient Large-Scale
-  Language Model Training on GPU Clusters Using Megatron-LM") ran: Megatron-LM's PTD-P — TP
-  without sequence parallelism (every TP rank keeps the LayerNorm and dropout activations of
-  the whole sequence), recomputation of whole layers or none (Sec. 3.5), 1F1B and interleaved
-  1F1B, plain data parallelism (ZeRO-0: no distributed optimizer yet) — and, as its Table 2's
+  Language Model Training on GPU Clusters Using Megatron-LM") ran, as of April 2021: Megatron-LM's
+  PTD-P — TP without sequence parallelism (every TP rank keeps the LayerNorm and dropout
+  activations of the whole sequence) and with backward's all-reduces waiting, recomputation of
+  whole layers or none (Sec. 3.5), 1F1B and interleaved 1F1B (3 stages or more, layers divided
+  evenly), plain data parallelism reduced after the backward (``--DDP-impl local``; no
+  distributed optimizer), each in-flight micro-batch's stage output kept until its backward
+  (freed after the send from December 2021:
+  :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`) — and, as its Table 2's
   baseline, DeepSpeed's ZeRO-3 of that year: one list collective per parameter tensor
-  (:mod:`dtlab.plan.zero3_per_parameter`, DeepSpeed v0.3.x), without a pipeline (DeepSpeed's
-  pipeline engine refuses ZeRO-2 and 3). Its 1F1B schedules kept every in-flight
-  micro-batch's stage output until that micro-batch's backward (freed after the send from
-  December 2021: :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`).
+  (:mod:`dtlab.plan.zero3_per_parameter`, v0.3.13), without a pipeline (DeepSpeed's pipeline
+  engine refuses ZeRO-2 and 3 from v0.3.16, April 2021). Left out on purpose: DeepSpeed's
+  ZeRO-1/2 (they existed, but not in the systems this paper compared), and Megatron-LM's
+  ``--distribute-checkpointed-activations`` (full recomputation's checkpoints split over the TP
+  ranks; the published runs did not use it, and the planner's 2021 plans are priced without
+  it — their full recomputation keeps ``2·s·b·h`` per layer whole).
 
-The dates are those of the commits in NVIDIA/Megatron-LM's history.
+The dates are those of the commits merged into NVIDIA/Megatron-LM's main branch and into
+microsoft/DeepSpeed. Flash attention is not part of a preset: it is the job's
+``flash_attention`` (Megatron-LM's GPTs ran without it until December 2022), so "current"
+software for a 2021 job keeps that job's attention kernels.
 """
 
 from __future__ import annotations
@@ -42,24 +54,29 @@ from dtlab.plan.parallel_plan import RECOMPUTE, SCHEDULES, ZERO3_COLLECTIVES, Pa
 
 @dataclass(frozen=True)
 class Software:
-    """The techniques a training framework offers the planner."""
+    """The techniques a training framework offers the planner, and what its runtime overlaps."""
 
     name: str
-    sequence_parallel: bool
-    recompute: tuple[str, ...]  # in the search's order of preference
-    context_parallel: bool
-    schedules: tuple[str, ...]
-    zero3_collectives: tuple[str, ...]  # the first is the one the search proposes
-    async_tp: bool
+    sequence_parallel: bool = True
+    recompute: tuple[str, ...] = ("selective", "full", "none")  # the search's order
+    context_parallel: bool = True
+    schedules: tuple[str, ...] = SCHEDULES
+    zero3_collectives: tuple[str, ...] = ZERO3_COLLECTIVES  # the first is the one proposed
+    async_tp: bool = True
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     pipeline_zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # the stages it runs with pp > 1
-    keeps_stage_outputs: bool = False  # each in-flight micro-batch's stage output held (2021)
+    uneven_stages: bool = True  # False: every stage and chunk holds as many layers
+    min_pp_interleaved: int = 2  # the fewest stages interleaving runs on
+    keeps_stage_outputs: bool = False  # each in-flight micro-batch's stage output held
+    tp_backward_overlap: bool = True  # backward's TP all-reduce under the wgrad GEMM
+    overlaps_grad_sync: bool = True  # DP's once-a-step sync under the last backward
 
-    def problems(self, plan: ParallelPlan) -> list[str]:
-        """Each technique ``plan`` uses that this software lacks ([] when none; a choice that
-        exists nowhere is :func:`dtlab.plan.plan_problems`' to name)."""
+    def problems(self, plan: ParallelPlan, layer_slots: int) -> list[str]:
+        """Each technique ``plan`` uses that this software lacks, for a model of ``layer_slots``
+        pipeline slots ([] when none; a choice that exists nowhere is
+        :func:`dtlab.plan.plan_problems`' to name)."""
         lacks = []
-        if plan.sequence_parallel and not self.sequence_parallel:
+        if plan.sequence_parallel and plan.tp > 1 and not self.sequence_parallel:
             lacks.append(("sequence parallelism", "set sequence_parallel=False"))
         if plan.recompute in RECOMPUTE and plan.recompute not in self.recompute:
             lacks.append((f"recompute={plan.recompute!r}", f"choose one of {self.recompute}"))
@@ -68,17 +85,9 @@ class Software:
         if plan.schedule in SCHEDULES and plan.schedule not in self.schedules:
             lacks.append((f"the {plan.schedule!r} schedule", f"choose one of {self.schedules}"))
         flavour = plan.zero3_collectives
-        if (
-            plan.zero_stage == 3
-            and flavour in ZERO3_COLLECTIVES
-            and flavour not in self.zero3_collectives
-        ):
-            lacks.append(
-                (
-                    f"zero3_collectives={plan.zero3_collectives!r}",
-                    f"choose one of {self.zero3_collectives}",
-                )
-            )
+        offered = self.zero3_collectives
+        if plan.zero_stage == 3 and flavour in ZERO3_COLLECTIVES and flavour not in offered:
+            lacks.append((f"zero3_collectives={flavour!r}", f"choose one of {offered}"))
         if plan.zero_stage in (0, 1, 2, 3) and plan.zero_stage not in self.zero_stages:
             lacks.append((f"ZeRO-{plan.zero_stage}", f"choose zero_stage from {self.zero_stages}"))
         elif plan.pp > 1 and plan.zero_stage not in self.pipeline_zero_stages:
@@ -86,6 +95,21 @@ class Software:
                 (
                     f"ZeRO-{plan.zero_stage} with a pipeline",
                     f"set pp=1 or zero_stage from {self.pipeline_zero_stages}",
+                )
+            )
+        chunks = plan.pp * plan.virtual_stages
+        if not self.uneven_stages and plan.pp > 1 and layer_slots % chunks:
+            lacks.append(
+                (
+                    f"uneven pipeline stages ({layer_slots} layers over {chunks} chunks)",
+                    "choose pp · virtual_stages dividing the layers",
+                )
+            )
+        if 1 < plan.pp < self.min_pp_interleaved and plan.virtual_stages > 1:
+            lacks.append(
+                (
+                    f"interleaving on {plan.pp} stages",
+                    f"use pp >= {self.min_pp_interleaved} or virtual_stages=1",
                 )
             )
         if plan.async_tp and not self.async_tp:
@@ -97,14 +121,38 @@ class Software:
         ]
 
 
+MEGATRON_2022 = Software(
+    "megatron-lm-2022",
+    context_parallel=False,
+    schedules=("1f1b",),
+    async_tp=False,
+    zero_stages=(0,),
+    pipeline_zero_stages=(0,),
+    uneven_stages=False,
+    min_pp_interleaved=3,
+    overlaps_grad_sync=False,
+)
+MEGATRON_2021 = Software(
+    "megatron-lm-2021",
+    sequence_parallel=False,
+    recompute=("full", "none"),
+    context_parallel=False,
+    schedules=("1f1b",),
+    zero3_collectives=("per_parameter",),
+    async_tp=False,
+    zero_stages=(0, 3),
+    pipeline_zero_stages=(0,),
+    uneven_stages=False,
+    min_pp_interleaved=3,
+    keeps_stage_outputs=True,
+    tp_backward_overlap=False,
+    overlaps_grad_sync=False,
+)
 SOFTWARE: dict[str, Software] = {
-    "current": Software("current", True, ("selective", "full", "none"), True, SCHEDULES,
-                        ZERO3_COLLECTIVES, True),
-    "megatron-lm-2022": Software("megatron-lm-2022", True, ("selective", "full", "none"), False,
-                                 ("1f1b",), ZERO3_COLLECTIVES, False, (0, 1), (0, 1)),
-    "megatron-lm-2021": Software("megatron-lm-2021", False, ("full", "none"), False, ("1f1b",),
-                                 ("per_parameter",), False, (0, 3), (0,), True),
-}  # fmt: skip
+    "current": Software("current"),
+    "megatron-lm-2022": MEGATRON_2022,
+    "megatron-lm-2021": MEGATRON_2021,
+}
 """The presets (module docstring), by the name :attr:`Requirements.software` takes."""
 
 

@@ -58,6 +58,7 @@ from dtlab.plan.memory_by_category import held_params
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.problems import plan_problems
 from dtlab.plan.search import candidate_plans
+from dtlab.plan.software import software_of
 from dtlab.plan.stages import representative_devices
 from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
@@ -162,7 +163,8 @@ class _Device:
 def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Device:
     c = micro_batch_compute(req, plan, device)
     tp_s = tp_seconds_per_micro_batch(req, plan, c.layers)
-    forward, backward = tp_exposed(plan, tp_s, c)
+    software = software_of(req)
+    forward, backward = tp_exposed(plan, tp_s, c, software.tp_backward_overlap)
     cp_s, cp_shown = cp_exposed(req, plan, c)
     ep_s = ep_seconds_per_micro_batch(req, plan, c.layers)
     ep_shown = ep_exposed(plan, ep_s, c)
@@ -210,7 +212,7 @@ def step_time(
     pipeline = m * slow.total + idle
     first = devices[0]
     rs, ag = dp_seconds(req, plan, *held_params(req, plan, 0))
-    dp_step, _ = dp_exposed(plan, rs, ag, first.compute, m)
+    dp_step, _ = dp_exposed(plan, rs, ag, first.compute, m, software_of(req).overlaps_grad_sync)
     dp_all = dp_total_seconds(plan, rs, ag, m)
     per_step_hidden = 0.0  # ZeRO 0-1 (and Llama 3's FSDP): the once-a-step sync's hidden part
     if not (plan.zero_stage == 2 or (plan.zero_stage == 3 and plan.reshard_after_forward)):
