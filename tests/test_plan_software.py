@@ -155,3 +155,15 @@ def test_without_recomputation_the_2021_175b_layout_overflows_an_80_gb_a100():
     assert megatron_175b_stage0_activations_gb() == pytest.approx(56.2, abs=0.1)
     later = megatron_175b_stage0_activations_gb("selective", True, "megatron-lm-2022")
     assert later == pytest.approx(96 * 34 * 2048 * 12288 / 8 / 1e9)
+
+
+def test_2021_software_waits_for_backwards_tp_all_reduce_and_the_gradient_sync():
+    """Megatron-LM of April 2021: backward's all-reduce synchronous (asynchronous from September
+    2021), gradients reduced after the backward (``--DDP-impl local``)."""
+    from dtlab.plan.step_time import step_time
+
+    job = replace(JOB_2021, n_gpus=384)
+    then, now = step_time(job, PTD_P), step_time(replace(job, software="current"), PTD_P)
+    assert then.tp_s == now.tp_s and then.dp_s == now.dp_s  # the same bytes
+    assert then.tp_exposed_s > now.tp_exposed_s and then.dp_exposed_s == pytest.approx(then.dp_s)
+    assert now.dp_exposed_s < now.dp_s and then.step_s > now.step_s
