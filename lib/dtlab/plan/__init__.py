@@ -11,7 +11,9 @@ that labs, quiz keys and lab 14's graders import (graders never contain it):
   :class:`dtlab.mesh.Layout` plus ZeRO stage, micro-batch size, interleaving and recomputation;
 * :mod:`~dtlab.plan.layout_cost`, :mod:`~dtlab.plan.memory_by_category`, :mod:`~dtlab.plan.wire` —
   per GPU: memory by category, pipeline bubble and bytes sent per step along each dimension;
-* :mod:`~dtlab.plan.problems` — :func:`plan_problems`, the checklist a plan must pass;
+* :mod:`~dtlab.plan.problems` — :func:`plan_problems`, the checklist a plan must pass, with
+  the job's policies: :mod:`~dtlab.plan.software` (what its framework offers, e.g. Megatron-LM
+  of 2021) and :mod:`~dtlab.plan.batch_ramp` (a batch that grows during training);
 * :mod:`~dtlab.plan.search` — :func:`first_plan_that_fits`, in the expert's order of preference;
 * :mod:`~dtlab.plan.step_time` — :func:`~dtlab.plan.step_time.step_time` and
   :func:`~dtlab.plan.step_time.fastest_plans`: compute, exposed communication, bubble, MFU,

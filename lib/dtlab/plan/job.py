@@ -21,6 +21,8 @@ gathers K and V because its document masks are easier that way, Sec. 3.3.2): eve
 search proposes carries them. ``software`` names the framework's techniques
 (:data:`dtlab.plan.software.SOFTWARE`: ``"current"``, ``"megatron-lm-2022"``,
 ``"megatron-lm-2021"``): the search proposes only those, and a plan using another is refused.
+``batch_ramp`` is a batch that grows during training (:mod:`dtlab.plan.batch_ramp`): every
+stage must split into the plan's micro-batches, and the time to train prices each stage.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Requirements:
     fp32_grads: bool = False  # policy: gradients accumulated and reduced in FP32 (Llama 3)
     cp_kind: str = "ring"  # requirement: "allgather" CP where document masks must work (Llama 3)
     software: str = "current"  # policy: the techniques its framework offers (dtlab.plan.software)
+    batch_ramp: tuple[tuple[float, int], ...] = ()  # (tokens, batch tokens) before the final batch
 
     __hash__ = fields_hash_once
 

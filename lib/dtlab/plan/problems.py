@@ -31,6 +31,7 @@ from dtlab.mesh.layout_rules import (
     node_problems,
     tensor_parallel_problems,
 )
+from dtlab.plan.batch_ramp import ramp_problems
 from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
@@ -89,6 +90,8 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
         )
     elif plan.virtual_stages > 1 and int(m) % plan.pp:
         problems.append(f"interleaving needs micro-batches ({m:g}) divisible by pp {plan.pp}")
+    if req.batch_ramp:
+        problems += ramp_problems(req, plan)
     return problems
 
 

@@ -1,0 +1,117 @@
+"""A global batch that grows during training: each stage of the ramp runs the same layout.
+
+Large runs start with a smaller batch and grow it, because a large batch early in training
+wastes tokens (Brown et al. 2020, "Language Models are Few-Shot Learners", Sec. 2.3: GPT-3's
+batch ramped up over its first 4–12B tokens). Megatron-LM takes
+``--rampup-batch-size start increment samples`` — its GPT-3 175B recipe of April 2021 ramps 16 →
+1,536 sequences in steps of 16 over 5,859,375 samples; DeepSeek-V3 grew 3,072 → 15,360 sequences
+over its first 469B tokens (DeepSeek-AI 2024, Sec. 4.2); Llama 3 went 4M → 8M → 16M tokens per
+step, lengthening its sequences too (Dubey et al. 2024, Sec. 3.4.1), which this module does not
+express: the sequence length stays the job's.
+
+:attr:`dtlab.plan.job.Requirements.batch_ramp` lists the stages before the final batch as
+``(tokens trained at this batch, global batch in tokens)``; the job's ``global_batch_tokens``
+is the last stage and takes the tokens left. The layout does not change along the ramp (a real
+run does not reshard mid-training), only the micro-batches per pipeline, ``m = B/(dp·b)``: at
+every stage it must be a whole number, and a multiple of ``pp`` when interleaved (Megatron-LM's
+schedules assert both; plain 1F1B runs with fewer micro-batches than stages, its bubble then
+most of the step) — :func:`ramp_problems`, which :func:`dtlab.plan.plan_problems` adds for a
+ramped job. Memory never grows (fewer micro-batches hold fewer activations), and the bubble
+policy is held at the final batch, the one a job spends most of its tokens at. A smaller batch
+costs time per token — fewer micro-batches to fill the pipeline, the once-a-step DP sync spread
+over fewer tokens: :func:`ramp_step_times` prices each stage, :func:`time_to_train_s` adds the
+stages up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dtlab.plan.job import Requirements
+from dtlab.plan.parallel_plan import ParallelPlan
+
+
+def ramp_stages(req: Requirements) -> list[tuple[float, Requirements]]:
+    """``(tokens, the job at that stage's batch)`` for each ramp stage, then the final batch
+    with the tokens left (raises ``ValueError`` when the ramp is not a valid one)."""
+    problems = ramp_shape_problems(req)
+    if problems:
+        raise ValueError("; ".join(problems))
+    stages = [
+        (tokens, replace(req, global_batch_tokens=batch, batch_ramp=()))
+        for tokens, batch in req.batch_ramp
+    ]
+    left = req.tokens - sum(tokens for tokens, _ in req.batch_ramp)
+    return [*stages, (left, replace(req, batch_ramp=()))]
+
+
+def ramp_shape_problems(req: Requirements) -> list[str]:
+    """What is wrong with the ramp itself ([] when nothing): batches of whole sequences,
+    smaller than the final one, over a positive share of the job's tokens."""
+    problems = []
+    for tokens, batch in req.batch_ramp:
+        if batch % req.seq_len or not 0 < batch < req.global_batch_tokens:
+            problems.append(
+                f"batch_ramp stage of {batch:,} tokens: use whole sequences of {req.seq_len} "
+                f"tokens, fewer than the final batch of {req.global_batch_tokens:,}"
+            )
+        if tokens <= 0:
+            problems.append(
+                f"batch_ramp stage at batch {batch:,} trains {tokens:g} tokens; give > 0"
+            )
+    if sum(t for t, _ in req.batch_ramp) >= req.tokens:
+        problems.append(
+            f"the batch ramp's stages take {sum(t for t, _ in req.batch_ramp):.3g} of the job's "
+            f"{req.tokens:.3g} tokens; leave some for the final batch"
+        )
+    return problems
+
+
+def ramp_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
+    """Every ramp stage where ``plan``'s layout cannot split the batch into its micro-batches."""
+    problems = ramp_shape_problems(req)
+    if problems:
+        return problems
+    for _, batch in req.batch_ramp:
+        sequences = batch // req.seq_len
+        m = sequences / (plan.dp * plan.micro_batch_size)
+        where = f"during the batch ramp at {sequences:,} sequences per step"
+        if m != int(m) or m < 1:
+            problems.append(
+                f"{where}, dp {plan.dp} × micro-batch {plan.micro_batch_size} gives {m:g} "
+                "micro-batches; need a whole number >= 1 at every stage (change the ramp's "
+                "batches, dp or the micro-batch size)"
+            )
+        elif plan.virtual_stages > 1 and int(m) % plan.pp:
+            problems.append(
+                f"{where}, interleaving needs micro-batches ({m:g}) divisible by pp {plan.pp} "
+                "(ramp in multiples of dp·mbs·pp sequences, or interleave only after the ramp)"
+            )
+    return problems
+
+
+def ramp_step_times(req: Requirements, plan: ParallelPlan) -> list[tuple[float, float]]:
+    """``(tokens, seconds per step)`` of each stage, the final batch last."""
+    from dtlab.plan.step_time import step_time  # step_time imports the checks that import us
+
+    problems = ramp_problems(req, plan)
+    if problems:
+        raise ValueError("the plan cannot run the batch ramp: " + "; ".join(problems))
+    return [(tokens, step_time(job, plan).step_s) for tokens, job in ramp_stages(req)]
+
+
+def time_to_train_s(req: Requirements, plan: ParallelPlan) -> float:
+    """Seconds to train all of the job's tokens with ``plan``: each stage's steps
+    (``tokens / batch``) at that stage's step time, the ramp included."""
+    return sum(
+        tokens / job.global_batch_tokens * step
+        for (tokens, job), (_, step) in zip(
+            ramp_stages(req), ramp_step_times(req, plan), strict=True
+        )
+    )
+
+
+def ramp_overhead(req: Requirements, plan: ParallelPlan) -> float:
+    """:func:`time_to_train_s` over the same tokens all at the final batch (1.0: free)."""
+    steady = replace(req, batch_ramp=())
+    return time_to_train_s(req, plan) / time_to_train_s(steady, plan)
