@@ -18,6 +18,8 @@
 # 7. the planner: jobs planned end to end, every rejected layout with its reason — then you pick one.
 
 # %%
+from dataclasses import replace
+
 import plotly.graph_objects as go
 import torch
 
@@ -38,7 +40,9 @@ from dtlab.plan import (
     plan_problems,
     state_bytes_per_gpu,
 )
+from dtlab.plan.case_studies import megatron_175b_stage0_activations_gb
 from dtlab.plan.large_jobs import CAPSTONE_JOBS
+from dtlab.plan.megatron_jobs import GPT3_175B
 from dtlab.plan.mesh_order import compare_orders, crosses_nodes
 from dtlab.plan.predict import parameters_per_rank, predicted_traffic
 from dtlab.plan.step_time import fastest_plans, step_time
@@ -495,6 +499,30 @@ ask("system_design.deepseek_dualpipe_bubble")
 
 # %%
 ask("system_design.megatron_ptdp_vs_zero3")
+
+# %% [markdown]
+# **The software is part of the job.** A 2021 layout is judged against what Megatron-LM could
+# run in 2021 (`Requirements.software`, `dtlab.plan.software`). The planner refuses a technique
+# the job's software lacks, naming it; and it prices what the software kept in memory: without
+# sequence parallelism every TP rank holds the LayerNorm and dropout activations of the whole
+# sequence. Look for: sequence parallelism refused for the 2021 job, and stage 0's activations
+# of the 384-GPU GPT-3 layout without recomputation (2021: no SP, every in-flight stage output
+# held) against full recomputation and against 2022's SP with selective recomputation.
+
+# %%
+ptd_p = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=False)
+job_2021 = replace(GPT3_175B, n_gpus=384)
+print("2021 layout:", plan_problems(job_2021, ptd_p) or "accepted")
+print("with SP:", plan_problems(job_2021, replace(ptd_p, sequence_parallel=True))[0][:90], "…")
+for label, args in (
+    ("2021, no recomputation", ("none", False, "megatron-lm-2021")),
+    ("2021, full recomputation", ("full", False, "megatron-lm-2021")),
+    ("2022, SP + selective", ("selective", True, "megatron-lm-2022")),
+):
+    print(f"{label:>26}: {megatron_175b_stage0_activations_gb(*args):5.1f} GB on stage 0")
+
+# %%
+ask("system_design.megatron_2021_recompute_forced")
 
 # %% [markdown]
 # **The planner, interactive.** Choose a model, change the GPUs, the tokens per step or the
