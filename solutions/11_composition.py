@@ -470,7 +470,7 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 52 / 41 / 36 % (goal: the fastest
 # quarter). Nearly all plans ahead of them also recompute whole layers and are at most 11 %
 # faster — inside the model's own ±15 % — and one to three skip recomputation with a deeper
-# pipeline, which nobody measured. Against today's software they rank 29 / 23 / 19 %, behind
+# pipeline, which nobody measured. Against today's software they rank 28 / 23 / 19 %, behind
 # plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this
 # very model.
 
@@ -506,8 +506,9 @@ ask("system_design.megatron_ptdp_vs_zero3")
 # the job's software lacks, naming it; and it prices what the software kept in memory: without
 # sequence parallelism every TP rank holds the LayerNorm and dropout activations of the whole
 # sequence. Look for: sequence parallelism refused for the 2021 job, and stage 0's activations
-# of the 384-GPU GPT-3 layout without recomputation (2021: no SP, every in-flight stage output
-# held) against full recomputation and against 2022's SP with selective recomputation.
+# of the 384-GPU GPT-3 layout run as plain 1F1B (no interleaving) without recomputation (2021:
+# no SP, every in-flight stage output held) against full recomputation and against 2022's SP
+# with selective recomputation.
 
 # %%
 ptd_p = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=False)

@@ -57,17 +57,15 @@ def test_a_layout_with_more_data_parallel_ranks_than_the_first_batch_has_sequenc
 
 
 def test_megatrons_2021_recipe_ramp_refuses_interleaving_at_its_small_batches():
-    """``--rampup-batch-size 16 16 5859375``: 16, 32, … 1,520 sequences before 1,536. Megatron's
-    interleaved schedule asserts micro-batches divisible by pp; plain 1F1B runs them all."""
-    step = 5_859_375 / 96 * 2048
+    """``--rampup-batch-size 16 16 5859375``: 16, 32, … 1,520 sequences (95 increments) before
+    1,536. Megatron's interleaved schedule asserts micro-batches divisible by pp; plain 1F1B runs
+    them all."""
+    step = 5_859_375 / 95 * 2048
     ramp = tuple((step, 16 * k * 2048) for k in range(1, 96))
     job = replace(GPT3_175B, batch_ramp=ramp)
     interleaved = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=False)
     problems = plan_problems(job, interleaved)
-    assert (
-        problems
-        and "at 16 sequences per step, interleaving needs micro-batches (4)" in (problems[0])
-    )
+    assert "at 16 sequences per step, 4 micro-batches per pipeline: interleaving" in problems[0]
     assert plan_problems(job, replace(interleaved, virtual_stages=1)) == []
 
 
@@ -86,6 +84,16 @@ def test_a_smaller_batch_costs_more_time_per_token():
     )]  # fmt: skip
     assert per_token == sorted(per_token, reverse=True)
     assert 1.0 < ramp_overhead(RAMPED_70B, PLAN) < 1.05
+
+
+def test_zero_bubble_and_dualpipe_need_their_micro_batches_at_every_ramp_stage():
+    """ZB-H1 fills its drain with pp micro-batches' deferred weight gradients, DualPipe needs
+    2·pp (DeepSeek's implementation asserts it): a ramp stage with fewer is refused."""
+    zb = ParallelPlan(dp=16, tp=8, pp=16, zero_stage=1, schedule="zb-h1")
+    job = replace(LLAMA_70B, batch_ramp=((1e9, 16 * 4096),), max_bubble=1.0)
+    (problem,) = plan_problems(job, zb)
+    assert "at 16 sequences per step, 1 micro-batches per pipeline: ZB-H1" in problem
+    assert plan_problems(job, replace(zb, schedule="1f1b")) == []
 
 
 def test_the_planner_only_proposes_layouts_that_run_the_whole_ramp():

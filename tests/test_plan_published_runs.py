@@ -32,7 +32,7 @@ one also recomputes whole layers and is 0.1–11 % faster (micro-batch 2, TP 4, 
 interleavings: inside the model's own ±15 %); one to three skip recomputation with a deeper
 pipeline (1F1B's stage 0 holds ``L`` layers' activations whatever ``pp`` is, so deepening it
 frees model state until they fit: at 384 GPUs TP 8 × PP 48, 66.5 of 72 GB, 1.20× faster),
-which no paper measured. With today's software the published layouts rank 29 / 23 / 19 %; most
+which no paper measured. With today's software the published layouts rank 28 / 23 / 19 %; most
 plans ahead of them use selective recomputation and sequence parallelism, which Korthikanti et
 al. measured 1.32× faster on this model and cluster. The best-plan cap is held against the best
 published MFU of the same model on the same GPU
@@ -64,7 +64,7 @@ from dtlab.plan.zero3_gap import (
 from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 RANK_MISSES = {
-    "GPT-3 175B, 384 A100 PTD-P": (0.52, 0.29),
+    "GPT-3 175B, 384 A100 PTD-P": (0.52, 0.28),
     "GPT-3 175B, 768 A100 PTD-P": (0.41, 0.23),
     "GPT-3 175B, 1,536 A100 PTD-P": (0.36, 0.19),
 }

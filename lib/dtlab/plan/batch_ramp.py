@@ -1,22 +1,25 @@
 """A global batch that grows during training: each stage of the ramp runs the same layout.
 
-Large runs start with a smaller batch and grow it, because a large batch early in training
-wastes tokens (Brown et al. 2020, "Language Models are Few-Shot Learners", Sec. 2.3: GPT-3's
-batch ramped up over its first 4–12B tokens). Megatron-LM takes
-``--rampup-batch-size start increment samples`` — its GPT-3 175B recipe of April 2021 ramps 16 →
-1,536 sequences in steps of 16 over 5,859,375 samples; DeepSeek-V3 grew 3,072 → 15,360 sequences
-over its first 469B tokens (DeepSeek-AI 2024, Sec. 4.2); Llama 3 went 4M → 8M → 16M tokens per
-step, lengthening its sequences too (Dubey et al. 2024, Sec. 3.4.1), which this module does not
-express: the sequence length stays the job's.
+Large runs start with a smaller batch and grow it: GPT-3's batch ramped up over its first
+4–12B tokens (Brown et al. 2020, "Language Models are Few-Shot Learners", Appendix B), Llama 3
+grew 4M → 8M → 16M tokens per step for training stability, lengthening its sequences 4,096 →
+8,192 too (Dubey et al. 2024, Sec. 3.4.1; this module does not express a sequence change: the
+sequence length stays the job's), DeepSeek-V3 3,072 → 15,360 sequences over its first 469B
+tokens (DeepSeek-AI 2024, Sec. 4.2). Megatron-LM takes
+``--rampup-batch-size start increment samples`` — its GPT-3 175B example script, merged in
+January 2021, ramps 16 → 1,536 sequences in 95 steps of 16 over 5,859,375 samples.
 
 :attr:`dtlab.plan.job.Requirements.batch_ramp` lists the stages before the final batch as
 ``(tokens trained at this batch, global batch in tokens)``; the job's ``global_batch_tokens``
 is the last stage and takes the tokens left. The layout does not change along the ramp (a real
 run does not reshard mid-training), only the micro-batches per pipeline, ``m = B/(dp·b)``: at
-every stage it must be a whole number, and a multiple of ``pp`` when interleaved (Megatron-LM's
-schedules assert both; plain 1F1B runs with fewer micro-batches than stages, its bubble then
-most of the step) — :func:`ramp_problems`, which :func:`dtlab.plan.plan_problems` adds for a
-ramped job. Memory never grows (fewer micro-batches hold fewer activations), and the bubble
+every stage a whole number (Megatron-LM's ``microbatches.py`` and ``training.py`` assert it),
+and what the schedule needs (:func:`dtlab.plan.layout_cost.micro_batch_rule`: a multiple of
+``pp`` interleaved, ``pp`` for ZB-H1, ``2·pp`` for DualPipe; plain 1F1B runs with fewer
+micro-batches than stages, its bubble then most of the step) — :func:`ramp_problems`, which
+:func:`dtlab.plan.plan_problems` adds for a ramped job. The planner still ranks a ramped job's
+plans by their step at the final batch (:func:`dtlab.plan.step_time.fastest_plans`);
+:func:`time_to_train_s` is the whole run's. Memory never grows (fewer micro-batches hold fewer activations), and the bubble
 policy is held at the final batch, the one a job spends most of its tokens at. A smaller batch
 costs time per token — fewer micro-batches to fill the pipeline, the once-a-step DP sync spread
 over fewer tokens: :func:`ramp_step_times` prices each stage, :func:`time_to_train_s` adds the
@@ -28,6 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dtlab.plan.job import Requirements
+from dtlab.plan.layout_cost import micro_batch_rule
 from dtlab.plan.parallel_plan import ParallelPlan
 
 
@@ -72,6 +76,7 @@ def ramp_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     problems = ramp_shape_problems(req)
     if problems:
         return problems
+    fewest, multiple, why = micro_batch_rule(plan, filled=False)
     for _, batch in req.batch_ramp:
         sequences = batch // req.seq_len
         m = sequences / (plan.dp * plan.micro_batch_size)
@@ -82,10 +87,11 @@ def ramp_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
                 "micro-batches; need a whole number >= 1 at every stage (change the ramp's "
                 "batches, dp or the micro-batch size)"
             )
-        elif plan.virtual_stages > 1 and int(m) % plan.pp:
+        elif m < fewest or int(m) % multiple:
             problems.append(
-                f"{where}, interleaving needs micro-batches ({m:g}) divisible by pp {plan.pp} "
-                "(ramp in multiples of dp·mbs·pp sequences, or interleave only after the ramp)"
+                f"{where}, {m:g} micro-batches per pipeline: {why} (need >= {fewest}, a "
+                f"multiple of {multiple}; ramp in larger steps, or use plain 1F1B, which runs "
+                "fewer micro-batches than stages)"
             )
     return problems
 

@@ -41,6 +41,28 @@ def micro_batches(req: Requirements, plan: ParallelPlan) -> float:
     return req.global_batch_sequences / (plan.dp * plan.micro_batch_size)
 
 
+def micro_batch_rule(plan: ParallelPlan, filled: bool = True) -> tuple[int, int, str]:
+    """``(fewest, multiple of, why)`` micro-batches per pipeline the plan's schedule runs:
+
+    * plain 1F1B: ``pp`` to fill the pipeline (``filled``; the policy for a job's batch) —
+      it also runs fewer, its bubble then most of the step, as a batch ramp's early stages may;
+    * interleaved 1F1B: a multiple of ``pp`` (Megatron-LM's schedule asserts it);
+    * ZB-H1: ``pp`` — its deferred weight gradients fill the drain only with that many;
+    * DualPipe and DualPipeV: ``2·pp``, and an even number for DualPipe's two directions
+      (DeepSeek's implementation asserts both)."""
+    p = plan.pp
+    if p == 1:
+        return 1, 1, "no pipeline"
+    if plan.schedule in ("dualpipe", "dualpipev"):
+        even = 2 if plan.schedule == "dualpipe" else 1
+        return 2 * p, even, f"{plan.schedule} runs at least 2·pp micro-batches"
+    if plan.virtual_stages > 1:
+        return p, p, "interleaving needs micro-batches divisible by pp"
+    if plan.schedule == "zb-h1":
+        return p, 1, "ZB-H1 fills its drain with deferred weight gradients of pp micro-batches"
+    return (p if filled else 1), 1, "1F1B fills the pipeline with pp micro-batches"
+
+
 def state_bytes_per_gpu(params: float, plan: ParallelPlan) -> float:
     """Model-state bytes per GPU: ``params/(tp·pp)`` per model shard, 16 B/param, ZeRO over the
     ``dp·cp`` ranks holding the same shard (every parameter dense)."""

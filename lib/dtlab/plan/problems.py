@@ -33,7 +33,7 @@ from dtlab.mesh.layout_rules import (
 )
 from dtlab.plan.batch_ramp import ramp_problems
 from dtlab.plan.job import Requirements
-from dtlab.plan.layout_cost import micro_batches, pipeline_bubble
+from dtlab.plan.layout_cost import micro_batch_rule, micro_batches, pipeline_bubble
 from dtlab.plan.memory_by_category import memory_per_gpu
 from dtlab.plan.parallel_plan import CP_KINDS, RECOMPUTE, SCHEDULES, ZERO3_COLLECTIVES, ParallelPlan
 from dtlab.plan.software import software_of, software_problems
@@ -45,7 +45,7 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     problems = list(software_problems(req.software))
     if problems:
         return problems
-    problems += software_of(req).problems(plan, req.pipeline_layer_slots)
+    problems += software_of(req).problems(plan, req)
     if req.is_moe and plan.tp > 1 and not plan.sequence_parallel:
         problems.append(
             "a mixture of experts with tp > 1 needs sequence_parallel=True: Megatron-Core's "
@@ -83,6 +83,7 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
     if plan.recompute not in RECOMPUTE:
         problems.append(f"recompute={plan.recompute!r} is not a choice; use one of {RECOMPUTE}")
     m = micro_batches(req, plan)
+    fewest, multiple, why = micro_batch_rule(plan)
     if m != int(m) or m < plan.pp:
         problems.append(
             f"{req.global_batch_sequences} sequences per step over dp {plan.dp} × micro-batch "
@@ -90,6 +91,8 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
         )
     elif plan.virtual_stages > 1 and int(m) % plan.pp:
         problems.append(f"interleaving needs micro-batches ({m:g}) divisible by pp {plan.pp}")
+    elif m < fewest or int(m) % multiple:
+        problems.append(f"{why} (need >= {fewest}, a multiple of {multiple}): {m:g} per pipeline")
     if req.batch_ramp:
         problems += ramp_problems(req, plan)
     return problems

@@ -27,7 +27,7 @@ measured iteration time where a paper gives one (Korthikanti et al. 2022):
   t 8, p 64, 3,072 GPUs, batch 3,072) at 163 TFLOP/s. Its FLOPs are the paper's own
   ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` — full recomputation and the full attention
   square counted — so the 6N MFU is about three quarters of its "% of peak". Layout: full
-  recomputation, micro-batch 1 (the 175B example script of April 2021,
+  recomputation, micro-batch 1 (the 175B example script merged in January 2021,
   ``examples/pretrain_gpt3_175B.sh``: ``--micro-batch-size 1``, ``--checkpoint-activations``),
   DDP (ZeRO-0) and, for PTD-P, the interleaved schedule (Sec. 2.2.2) with two chunks per device
   for 175B and none for 1T (depths are this module's reading: with two the 1T stage 0 would

@@ -173,10 +173,10 @@ def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[P
 def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
     """Every plan worth checking for ``req``, in the expert's order of preference (above),
     each carrying the job's numerics and CP requirement (``fp32_grads``, ``cp_kind``)."""
-    software, slots = software_of(req), req.pipeline_layer_slots
-    yield from (p for p in _classic(req) if not software.problems(p, slots))
+    software = software_of(req)
+    yield from (p for p in _classic(req) if not software.problems(p, req))
     for mbs, recompute, cp in _levers(req):
-        yield from (p for p in _widened(req, mbs, recompute, cp) if not software.problems(p, slots))
+        yield from (p for p in _widened(req, mbs, recompute, cp) if not software.problems(p, req))
 
 
 def first_plan_that_fits(req: Requirements) -> ParallelPlan:

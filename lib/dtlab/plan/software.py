@@ -41,7 +41,7 @@ The presets, and the sources that date them:
 
 The dates are those of the commits merged into NVIDIA/Megatron-LM's main branch and into
 microsoft/DeepSpeed. Flash attention is not part of a preset: it is the job's
-``flash_attention`` (Megatron-LM's GPTs ran without it until December 2022), so "current"
+``flash_attention`` (Megatron-LM's GPTs ran without it until January 2023), so "current"
 software for a 2021 job keeps that job's attention kernels.
 """
 
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import RECOMPUTE, SCHEDULES, ZERO3_COLLECTIVES, ParallelPlan
 
 
@@ -71,10 +72,9 @@ class Software:
     tp_backward_overlap: bool = True  # backward's TP all-reduce under the wgrad GEMM
     overlaps_grad_sync: bool = True  # DP's once-a-step sync under the last backward
 
-    def problems(self, plan: ParallelPlan, layer_slots: int) -> list[str]:
-        """Each technique ``plan`` uses that this software lacks, for a model of ``layer_slots``
-        pipeline slots ([] when none; a choice that exists nowhere is
-        :func:`dtlab.plan.plan_problems`' to name)."""
+    def problems(self, plan: ParallelPlan, job: Requirements) -> list[str]:
+        """Each technique ``plan`` uses for ``job`` that this software lacks ([] when none; a
+        choice that exists nowhere is :func:`dtlab.plan.plan_problems`' to name)."""
         lacks = []
         if plan.sequence_parallel and plan.tp > 1 and not self.sequence_parallel:
             lacks.append(("sequence parallelism", "set sequence_parallel=False"))
@@ -98,10 +98,12 @@ class Software:
                 )
             )
         chunks = plan.pp * plan.virtual_stages
-        if not self.uneven_stages and plan.pp > 1 and layer_slots % chunks:
+        if not self.uneven_stages and plan.pp > 1 and job.pipeline_end_trim:
+            lacks.append(("trimmed first and last stages", "set pipeline_end_trim=0"))
+        elif not self.uneven_stages and plan.pp > 1 and job.n_layers % chunks:
             lacks.append(
                 (
-                    f"uneven pipeline stages ({layer_slots} layers over {chunks} chunks)",
+                    f"uneven pipeline stages ({job.n_layers} layers over {chunks} chunks)",
                     "choose pp · virtual_stages dividing the layers",
                 )
             )

@@ -80,7 +80,7 @@ class StepTime:
     critical path (the step adds only those)."""
 
     compute_s: float  # F + B + W without reruns, all micro-batches, slowest device
-    tp_s: float
+    tp_s: float  # all TP collectives, full recomputation's rerun forward included
     pp_s: float
     dp_s: float
     dp_exposed_s: float
@@ -165,6 +165,8 @@ def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Devi
     tp_s = tp_seconds_per_micro_batch(req, plan, c.layers)
     software = software_of(req)
     forward, backward = tp_exposed(plan, tp_s, c, software.tp_backward_overlap)
+    if plan.recompute == "full":
+        tp_s *= 1.5  # the rerun forward repeats forward's collectives (tp_exposed counts them)
     cp_s, cp_shown = cp_exposed(req, plan, c)
     ep_s = ep_seconds_per_micro_batch(req, plan, c.layers)
     ep_shown = ep_exposed(plan, ep_s, c)
@@ -176,9 +178,9 @@ def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Devi
     elif plan.zero_stage == 3 and plan.reshard_after_forward:
         dp_per_micro_batch = 2 * ag + rs
     hidden = (
-        tp_s - forward - backward
-        + cp_s - cp_shown
-        + ep_s - ep_shown
+        max(0.0, tp_s - forward - backward)
+        + max(0.0, cp_s - cp_shown)
+        + max(0.0, ep_s - ep_shown)
         + max(0.0, dp_per_micro_batch - per_micro_batch)
     )  # fmt: skip
     cost = overlap_cost(req, hidden)
