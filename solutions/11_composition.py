@@ -40,6 +40,7 @@ from dtlab.plan import (
     plan_problems,
     state_bytes_per_gpu,
 )
+from dtlab.plan.batch_ramp import ramp_overhead
 from dtlab.plan.case_studies import megatron_175b_stage0_activations_gb
 from dtlab.plan.large_jobs import CAPSTONE_JOBS
 from dtlab.plan.megatron_jobs import GPT3_175B
@@ -524,6 +525,25 @@ for label, args in (
 
 # %%
 ask("system_design.megatron_2021_recompute_forced")
+
+# %% [markdown]
+# **So is a batch ramp.** Runs start with a smaller global batch and grow it
+# (`Requirements.batch_ramp`, `dtlab.plan.batch_ramp`); the layout stays, so every stage's
+# batch must still split into whole micro-batches of every data-parallel rank. Look for: the
+# 70B job's fastest layout without a ramp (DP 1,024) refused once the job starts at 256
+# sequences, and what the ramp costs the fastest layout that runs it.
+
+# %%
+ramped = replace(LLAMA_70B, batch_ramp=((20e9, 2**20), (80e9, 2 * 2**20)))
+((plain, _),) = fastest_plans(LLAMA_70B, 1)
+((ramp_proof, _),) = fastest_plans(ramped, 1)
+print("fastest without the ramp:", plain.describe())
+print("   refused with the ramp:", plan_problems(ramped, plain)[0][:96], "…")
+print("fastest that runs it all:", ramp_proof.describe())
+print(f"  the ramp costs it {ramp_overhead(ramped, ramp_proof) - 1:.1%} of the time to train")
+
+# %%
+ask("system_design.batch_ramp_limits_dp")
 
 # %% [markdown]
 # **The planner, interactive.** Choose a model, change the GPUs, the tokens per step or the
