@@ -89,8 +89,6 @@ def shape_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
             f"{req.global_batch_sequences} sequences per step over dp {plan.dp} × micro-batch "
             f"{plan.micro_batch_size} gives {m:g} micro-batches; need a whole number >= pp {plan.pp}"
         )
-    elif plan.virtual_stages > 1 and int(m) % plan.pp:
-        problems.append(f"interleaving needs micro-batches ({m:g}) divisible by pp {plan.pp}")
     elif m < fewest or int(m) % multiple:
         problems.append(f"{why} (need >= {fewest}, a multiple of {multiple}): {m:g} per pipeline")
     if req.batch_ramp:

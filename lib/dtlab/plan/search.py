@@ -130,8 +130,9 @@ def _classic(req: Requirements) -> Iterator[ParallelPlan]:
 
 
 def _levers(req: Requirements) -> Iterator[tuple[int, str, int]]:
-    """(micro-batch, recompute, cp) after the classic (1, selective, 1), cheapest first — of
-    what the job's software offers (its recomputation in its order, CP only where it has it)."""
+    """(micro-batch, recompute, cp) after the classic tier's (1, the software's first
+    recomputation, 1), cheapest first — of what the job's software offers (its recomputation
+    in its order, CP only where it has it)."""
     software = software_of(req)
     cps = [
         c
@@ -172,7 +173,8 @@ def _widened(req: Requirements, mbs: int, recompute: str, cp: int) -> Iterator[P
 
 def candidate_plans(req: Requirements) -> Iterator[ParallelPlan]:
     """Every plan worth checking for ``req``, in the expert's order of preference (above),
-    each carrying the job's numerics and CP requirement (``fp32_grads``, ``cp_kind``)."""
+    each carrying the job's numerics and CP requirement (``fp32_grads``, ``cp_kind``), none
+    using what the job's software lacks (:meth:`dtlab.plan.software.Software.problems`)."""
     software = software_of(req)
     yield from (p for p in _classic(req) if not software.problems(p, req))
     for mbs, recompute, cp in _levers(req):
