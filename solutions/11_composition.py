@@ -36,6 +36,7 @@ from dtlab.plan import (
     activation_bytes_per_gpu,
     candidate_plans,
     first_plan_that_fits,
+    memory_per_gpu,
     pipeline_bubble,
     plan_problems,
     state_bytes_per_gpu,
@@ -456,8 +457,8 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # and the throughput it reported, turned into a step time under the paper's own FLOP convention.
 # Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
 # causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
-# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.95–1.05), Korthikanti's seven
-# (0.99–1.12), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
+# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.96–1.05), Korthikanti's seven
+# (1.00–1.13), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
 # the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
 # tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
 # row at 38 % on the attention-counting basis but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07)
@@ -468,10 +469,10 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
 # planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 52 / 41 / 36 % (goal: the fastest
-# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 11 %
-# faster — inside the model's own ±15 % — and one to three skip recomputation with a deeper
-# pipeline, which nobody measured. Against today's software they rank 28 / 23 / 19 %, behind
+# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 37 / 26 / 26 % (goal: the fastest
+# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 7 %
+# faster — inside the model's own ±15 % — and one or two skip recomputation with a deeper
+# pipeline, which nobody measured. Against today's software they rank 29 / 24 / 19 %, behind
 # plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this
 # very model.
 
@@ -506,7 +507,10 @@ ask("system_design.megatron_ptdp_vs_zero3")
 # run in 2021 (`Requirements.software`, `dtlab.plan.software`). The planner refuses a technique
 # the job's software lacks, naming it; and it prices what the software kept in memory: without
 # sequence parallelism every TP rank holds the LayerNorm and dropout activations of the whole
-# sequence. Look for: sequence parallelism refused for the 2021 job, and stage 0's activations
+# sequence, and its FP16 optimizer kept an FP32 copy of every gradient (20 B of model state per
+# parameter, not 16). It prices what the software waited on, too: every pipeline exchange, until
+# 2023. Look for: sequence parallelism refused for the 2021 job, the layout's 20 B per parameter
+# (gradients 2 + 4 B: three times the weights' 2 B), and stage 0's activations
 # of the 384-GPU GPT-3 layout run as plain 1F1B (no interleaving) without recomputation (2021:
 # no SP, every in-flight stage output held) against full recomputation and against 2022's SP
 # with selective recomputation.
@@ -516,6 +520,7 @@ ptd_p = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=Fals
 job_2021 = replace(GPT3_175B, n_gpus=384)
 print("2021 layout:", plan_problems(job_2021, ptd_p) or "accepted")
 print("with SP:", plan_problems(job_2021, replace(ptd_p, sequence_parallel=True))[0][:90], "…")
+print("its memory:", memory_per_gpu(job_2021, ptd_p).summary())
 for label, args in (
     ("2021, no recomputation", ("none", False, "megatron-lm-2021")),
     ("2021, full recomputation", ("full", False, "megatron-lm-2021")),

@@ -120,3 +120,25 @@ def test_fp32_gradients_double_the_gradient_bytes():
     fp32 = step_time(JOB, replace(BASE, fp32_grad_accum=True))
     base = step_time(JOB, BASE)
     assert base.dp_s < fp32.dp_s < 2 * base.dp_s  # the reduce-scatter doubles, the gather not
+
+
+def test_software_that_waits_on_each_pipeline_exchange_exposes_more_of_it():
+    """Same bytes; Megatron-LM before 2023 waited on every exchange, so more of them shows —
+    and more chunks mean more exchanges shown."""
+    job = replace(JOB, software="megatron-lm-2022")
+    plan = replace(BASE, zero_stage=0, virtual_stages=1)
+    waited, overlapped = step_time(job, plan), step_time(replace(job, software="current"), plan)
+    assert waited.pp_s == pytest.approx(overlapped.pp_s)
+    assert waited.pp_exposed_s > overlapped.pp_exposed_s
+    assert step_time(job, replace(plan, virtual_stages=2)).pp_exposed_s > waited.pp_exposed_s
+
+
+def test_recomputation_holds_the_rerun_layers_working_set_beside_the_kept_inputs():
+    """A full rerun needs one layer's whole activations during its backward: more than the kept
+    inputs alone, less than keeping every layer."""
+    from dtlab.plan.layout_cost import activation_bytes_per_layer_of
+
+    full = replace(BASE, recompute="full", pp=1, virtual_stages=1)
+    inputs_only = JOB.n_layers * activation_bytes_per_layer_of(JOB, full)  # one micro-batch
+    held = activation_bytes_per_gpu(JOB, full)
+    assert inputs_only < held < activation_bytes_per_gpu(JOB, replace(full, recompute="none"))

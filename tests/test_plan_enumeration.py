@@ -19,6 +19,7 @@ from dtlab.plan.layout_cost import (
     activation_bytes_per_gpu,
     activation_bytes_per_layer_of,
     micro_batches,
+    rerun_bytes,
     traffic_per_gpu,
 )
 from dtlab.plan.memory_by_category import memory_per_gpu
@@ -74,21 +75,24 @@ def test_context_parallelism_divides_and_full_recompute_shrinks_the_activations(
         activation_bytes_per_gpu(LLAMA_7B, base) / 2
     )
     full = ParallelPlan(16, 8, 1, 1, recompute="full")
-    assert activation_bytes_per_gpu(LLAMA_7B, full) == 32 * 2 * 4096 * 4096 // 8
     none = ParallelPlan(16, 8, 1, 1, recompute="none")
-    scores = 5 * 32 * 4096 * 4096 // 8  # the 5·a·s²·b/t term selective recomputation drops
-    assert (
-        activation_bytes_per_gpu(LLAMA_7B, none)
-        == activation_bytes_per_gpu(LLAMA_7B, base) + 32 * scores
-    )
+    sbh = 4096 * 4096
+    scores = 5 * 32 * 4096 * sbh // 4096 // 8  # the 5·a·s²·b/t term selective recomputation drops
+    kept = 34 * sbh // 8  # what a layer keeps with TP 8 + SP, scores aside (flash stores none)
+    assert activation_bytes_per_gpu(LLAMA_7B, base) == 32 * kept  # selective: nothing to rerun
+    assert activation_bytes_per_gpu(LLAMA_7B, none) == 32 * (kept + scores)
+    # 32 kept inputs, plus the one layer whose backward reruns it, whole, while that backward runs
+    assert activation_bytes_per_gpu(LLAMA_7B, full) == 32 * 2 * sbh // 8 + kept - 2 * sbh // 8
 
 
 def test_a_trimmed_first_stage_moves_the_activation_peak_to_stage_one():
     plan = ParallelPlan(128, 8, 16, 1)  # Llama 3's TP 8 × PP 16: stage 0 runs 7 layers, 1 runs 8
     per_layer = activation_bytes_per_layer_of(LLAMA3_405B, plan)
+    rerun = rerun_bytes(LLAMA3_405B, plan) - per_layer  # the norms selective drops, one layer
     by_device = activation_bytes_by_device(LLAMA3_405B, plan)
-    assert by_device[0] == pytest.approx(16 * 7 * per_layer)  # 16 micro-batches in flight
-    assert by_device[1] == pytest.approx(15 * 8 * per_layer)  # 15, but a full stage
+    assert 0 < rerun < per_layer
+    assert by_device[0] == pytest.approx(16 * 7 * per_layer + rerun)  # 16 micro-batches in flight
+    assert by_device[1] == pytest.approx(15 * 8 * per_layer + rerun)  # 15, but a full stage
     assert activation_bytes_per_gpu(LLAMA3_405B, plan) == max(by_device) == by_device[1]
     assert shape_problems(LLAMA3_405B, plan) == []  # 126 + 2 slots split over 16 stages
     untrimmed = replace(LLAMA3_405B, pipeline_end_trim=0)  # 126 over 16: uneven, still cut

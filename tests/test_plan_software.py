@@ -143,8 +143,9 @@ def test_the_2021_schedule_holds_each_in_flight_micro_batchs_stage_output():
 
 
 def test_without_recomputation_the_2021_175b_layout_overflows_an_80_gb_a100():
-    """The bank's case: ~56 GB of activations on stage 0 beside ~30 GB of model state; SP and
-    selective recomputation (2022) keep ~10 GB."""
+    """The bank's case: ~56 GB of activations on stage 0 beside ~38 GB of model state (20 B per
+    parameter: 2021's FP16 optimizer kept an FP32 copy of every gradient); SP and selective
+    recomputation (2022) keep ~10 GB, plus the scores of the one layer whose backward reruns."""
     from dtlab.cost import gpu
     from dtlab.plan.case_studies import megatron_175b_stage0_activations_gb
     from dtlab.plan.memory_by_category import memory_per_gpu
@@ -154,7 +155,11 @@ def test_without_recomputation_the_2021_175b_layout_overflows_an_80_gb_a100():
     assert memory_per_gpu(job, plan).total > gpu(job.gpu).hbm_bytes
     assert megatron_175b_stage0_activations_gb() == pytest.approx(56.2, abs=0.1)
     later = megatron_175b_stage0_activations_gb("selective", True, "megatron-lm-2022")
-    assert later == pytest.approx(96 * 34 * 2048 * 12288 / 8 / 1e9)
+    rerun_scores = 5 * 96 * 2048 * 2048 / 8  # 5·a·s²·b/t, one layer, while its backward runs
+    assert later == pytest.approx((96 * 34 * 2048 * 12288 / 8 + rerun_scores) / 1e9)
+    state = memory_per_gpu(job, plan).model_state
+    assert state == pytest.approx(20 / 16 * memory_per_gpu(replace(job, software="current"),
+                                                           plan).model_state)  # fmt: skip
 
 
 def test_2021_software_waits_for_backwards_tp_all_reduce_and_the_gradient_sync():
@@ -167,3 +172,45 @@ def test_2021_software_waits_for_backwards_tp_all_reduce_and_the_gradient_sync()
     assert then.tp_s == now.tp_s and then.dp_s == now.dp_s  # the same bytes
     assert then.tp_exposed_s > now.tp_exposed_s and then.dp_exposed_s == pytest.approx(then.dp_s)
     assert now.dp_exposed_s < now.dp_s and then.step_s > now.step_s
+
+
+def test_2021_and_2022_software_wait_on_every_pipeline_exchange():
+    """Megatron-LM's ``_communicate`` waited on each ``batch_isend_irecv`` and then synchronized
+    the device until its 2023 ``--overlap-p2p-comm``: every exchange is on the critical path, and
+    without SP so is the NVLink all-gather after each receive (scatter/gather). Today's
+    software hides the steady state and exposes only the fill's and drain's hops."""
+    from dtlab.plan.exposed import pp_exposed_s
+    from dtlab.plan.software import SOFTWARE
+
+    job = replace(JOB_2021, n_gpus=384)
+    assert SOFTWARE["megatron-lm-2021"].blocking_p2p and SOFTWARE["megatron-lm-2022"].blocking_p2p
+    sends, shown = pp_exposed_s(job, PTD_P, blocking=True)
+    assert shown == sends
+    hidden_sends, fill_and_drain = pp_exposed_s(job, PTD_P)
+    assert fill_and_drain < 0.1 * hidden_sends < sends
+    with_sp, _ = pp_exposed_s(job, replace(PTD_P, sequence_parallel=True), blocking=True)
+    assert with_sp == pytest.approx(hidden_sends)  # no gather: each rank's slice is its own
+    deeper, _ = pp_exposed_s(job, replace(PTD_P, virtual_stages=4), blocking=True)
+    assert deeper == pytest.approx(2 * sends)  # twice the chunks, twice the exchanges
+
+
+def test_2021_megatron_holds_20_bytes_per_parameter_and_deepspeeds_zero3_does_not():
+    """``Float16OptimizerWithFloat16Params`` (April 2021) set ``main_param.grad =
+    model_param.main_grad.float()`` and its ``zero_grad`` never freed it: FP16 weights and
+    gradients, FP32 master weights, FP32 gradients, Adam's two moments — 20 B per parameter,
+    which rules out TP 4 × PP 12 (3.65 B parameters a GPU, 73 GB) for the 175B job."""
+    from dtlab.plan.memory_by_category import memory_per_gpu
+    from dtlab.plan.problems import plan_problems
+
+    job = replace(JOB_2021, n_gpus=384)
+    tp4 = ParallelPlan(8, 4, 12, 0, 1, 2, recompute="full", sequence_parallel=False)
+    then = memory_per_gpu(job, tp4)
+    assert then.gradients == pytest.approx(3 * then.parameters)  # 2 + 4 B against 2 B
+    assert then.model_state > 72e9 and any("memory" in p for p in plan_problems(job, tp4))
+    now = memory_per_gpu(replace(job, software="current"), tp4)
+    assert now.model_state == pytest.approx(then.model_state * 16 / 20)
+    zero3 = ParallelPlan(384, 1, 1, 3, 4, recompute="full", zero3_collectives="per_parameter",
+                         sequence_parallel=False)  # fmt: skip
+    assert memory_per_gpu(job, zero3).gradients == pytest.approx(
+        memory_per_gpu(job, zero3).parameters
+    )

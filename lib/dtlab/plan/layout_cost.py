@@ -11,7 +11,8 @@ back-of-the-envelope table, built from the library's formulas:
 * **activations** — TP + sequence parallel with selective recomputation keeps ``34·s·b·h/t``
   bytes per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models", Table 2), ``2·s·b·h/t`` with full recomputation, ``s/cp`` tokens under
-  context parallelism: :func:`dtlab.memory.activation_bytes_per_layer`;
+  context parallelism: :func:`dtlab.memory.activation_bytes_per_layer`; with recomputation,
+  plus what the one layer being backpropagated reruns (:func:`rerun_bytes`);
 * **bubble** — ``(p-1)/(m+p-1)`` of a 1F1B step idle, ``(p-1)/(v·m+p-1)`` interleaved
   (Narayanan et al. 2021, Sec. 2.2): :mod:`dtlab.cost.bubble`;
 * **communication** — the bytes one GPU sends per optimizer step along each mesh dimension
@@ -24,7 +25,7 @@ The by-category memory of a mixture of experts is :func:`dtlab.plan.memory_by_ca
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dtlab.cost.bubble import schedule_idle
 from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume_per_layer
@@ -113,13 +114,27 @@ def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> floa
 def activation_bytes_by_device(req: Requirements, plan: ParallelPlan) -> list[float]:
     """Peak activations on each pipeline device: its layers' bytes per micro-batch times the
     micro-batches in flight (:func:`dtlab.plan.stages.activation_layers_in_flight`), plus
-    :func:`held_stage_outputs_by_device` where the job's software keeps them."""
+    :func:`held_stage_outputs_by_device` where the job's software keeps them. Recomputation
+    adds one layer's working set: the backward reruns what the layer dropped (full: its whole
+    forward, Megatron-LM's ``CheckpointFunction`` with one layer per checkpoint by default, like
+    ``torch.utils.checkpoint``; selective: attention's core) and holds it until that layer's
+    backward ends — the per-layer bytes without recomputation, less those kept."""
     per_layer = activation_bytes_per_layer_of(req, plan)
     m = max(1, int(micro_batches(req, plan)))
-    layers = [n * per_layer for n in activation_layers_in_flight(req, plan, m)]
+    rerun = rerun_bytes(req, plan) - per_layer if plan.recompute != "none" else 0.0
+    layers = [n * per_layer + rerun for n in activation_layers_in_flight(req, plan, m)]
     if not software_of(req).keeps_stage_outputs:
         return layers
     return [a + b for a, b in zip(layers, held_stage_outputs_by_device(req, plan, m), strict=True)]
+
+
+def rerun_bytes(req: Requirements, plan: ParallelPlan) -> float:
+    """Bytes one layer holds, one micro-batch, while its backward runs: what it keeps without
+    recomputation — less the ``5·a·s²·b/t`` scores of a GPT-shaped job with flash attention,
+    whose kernel never stores them (Korthikanti's count assumes it does)."""
+    flash_scores_absent = req.flash_attention and not req.counts_tensors
+    whole = "selective" if flash_scores_absent else "none"
+    return activation_bytes_per_layer_of(req, replace(plan, recompute=whole))
 
 
 def held_stage_outputs_by_device(req: Requirements, plan: ParallelPlan, m: int) -> list[float]:

@@ -13,10 +13,13 @@
   prefetched (FSDP's default). A dense layer's is a GB or two; an MoE layer's 256 experts are
   tens of GB unless EP splits them.
 * **Activations**: :func:`~dtlab.plan.layout_cost.activation_bytes_by_device` — per-layer bytes
-  for ``s/cp`` tokens under the plan's recomputation, times what the schedule keeps in flight.
+  for ``s/cp`` tokens under the plan's recomputation, times what the schedule keeps in flight,
+  plus the working set of the one layer whose backward reruns its forward.
 * **Per device, the worst one reported**: stages hold different layers (trimmed ends, uneven
   cuts, the embedding on the first and the head on the last, DualPipe's two copies), so every
   device is priced and :func:`memory_per_gpu` returns the one with the largest total.
+* **The software's own optimizer**: Megatron-LM of 2021 held 20 B per parameter without ZeRO
+  (an FP32 copy of every gradient beside the FP16 one: :func:`state_by_category`).
 * **Options**: ``fp32_grad_accum`` (4 B gradients), ``reshard_after_forward=False`` (ZeRO-3
   that keeps gathered weights through the step: ZeRO-1's memory; Llama 3's FSDP).
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from dtlab.plan.job import Requirements
 from dtlab.plan.layout_cost import activation_bytes_by_device
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.software import software_of
 from dtlab.plan.stages import held_layers, holds_head, representative_devices
 
 
@@ -100,13 +104,21 @@ def held_params(req: Requirements, plan: ParallelPlan, device: int) -> tuple[flo
     return dense / plan.tp, experts / plan.tp
 
 
-def state_by_category(params: float, ranks: int, plan: ParallelPlan) -> tuple[float, float, float]:
+def state_by_category(
+    params: float, ranks: int, plan: ParallelPlan, fp32_main_grads: bool = False
+) -> tuple[float, float, float]:
     """(parameters, gradients, optimizer) bytes of ``params`` sharded over ``ranks``: bf16
     weights 2 B, gradients 2 B (4 B with ``fp32_grad_accum``), FP32 master and Adam's two
     moments 12 B; ZeRO-1 shards the 12, ZeRO-2 the gradients too, ZeRO-3 the weights too —
     unless ``reshard_after_forward`` is off, when the weights stay gathered through the step
-    and the gradients accumulate unsharded (ZeRO-1's memory)."""
+    and the gradients accumulate unsharded (ZeRO-1's memory). ``fp32_main_grads`` adds 4 B of
+    gradient per parameter without ZeRO: Megatron-LM's FP16 optimizer of 2021
+    (``Float16OptimizerWithFloat16Params``) gave every FP32 master weight an FP32 copy of its
+    FP16 gradient (``main_param.grad = model_param.main_grad.float()``) and its ``zero_grad``
+    never freed it, so a GPU held 20 B per parameter through the whole step."""
     grad_bytes = 4 if plan.fp32_grad_accum else 2
+    if fp32_main_grads and plan.zero_stage == 0:
+        grad_bytes += 4
     stage = plan.zero_stage
     if stage == 3 and not plan.reshard_after_forward:
         stage = 1
@@ -122,11 +134,12 @@ def memory_by_device(
     """:class:`MemoryPerGPU` for one GPU of each pipeline device in ``devices`` (default all;
     module docstring)."""
     activations = activation_bytes_by_device(req, plan)
+    main_grads = software_of(req).fp32_main_grads
     rows = []
     for device in range(plan.pp) if devices is None else devices:
         dense, experts = held_params(req, plan, device)
-        d = state_by_category(dense, plan.dp * plan.cp, plan)
-        e = state_by_category(experts, max(1, plan.dp * plan.cp // plan.ep), plan)
+        d = state_by_category(dense, plan.dp * plan.cp, plan, main_grads)
+        e = state_by_category(experts, max(1, plan.dp * plan.cp // plan.ep), plan, main_grads)
         gathered = 0.0
         if plan.zero_stage == 3 and plan.reshard_after_forward:
             layer = (req.dense_params - req.embedding_params) / req.n_layers / plan.tp

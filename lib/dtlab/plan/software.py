@@ -18,7 +18,9 @@ The presets, and the sources that date them:
   recomputation (``--sequence-parallel``, ``--recompute-granularity``, merged May 2022), the
   backward TP all-reduce asynchronous under the weight-gradient GEMM (September 2021); plain
   data parallelism reduced after the backward (the distributed optimizer merged in June 2022,
-  after the paper; overlapped gradient reduction in 2023), every stage and chunk as many layers,
+  after the paper; overlapped gradient reduction in 2023), every pipeline exchange waited on
+  (``_communicate`` waits on its requests and calls ``torch.cuda.synchronize()``; overlapped
+  only from 2023's ``--overlap-p2p-comm``), every stage and chunk as many layers,
   interleaving on 3 stages or more; no ZeRO-3, no context parallelism (Megatron-Core, 2023), no
   zero-bubble schedules (Qi et al. 2023), no DualPipe (DeepSeek-AI 2024), no collective
   matmul (``async_tp``).
@@ -28,9 +30,12 @@ The presets, and the sources that date them:
   activations of the whole sequence) and with backward's all-reduces waiting, recomputation of
   whole layers or none (Sec. 3.5), 1F1B and interleaved 1F1B (3 stages or more, layers divided
   evenly), plain data parallelism reduced after the backward (``--DDP-impl local``; no
-  distributed optimizer), each in-flight micro-batch's stage output kept until its backward
-  (freed after the send from December 2021:
-  :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`) — and, as its Table 2's
+  distributed optimizer) and 20 B of model state per parameter (its FP16 optimizer gave each
+  FP32 master weight an FP32 copy of its gradient and never freed it:
+  :func:`dtlab.plan.memory_by_category.state_by_category`), each in-flight micro-batch's stage
+  output kept until its backward (freed after the send from December 2021:
+  :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`), every pipeline exchange waited
+  on, as in 2022 (:func:`dtlab.plan.exposed.pp_exposed_s`) — and, as its Table 2's
   baseline, DeepSpeed's ZeRO-3 of that year: one list collective per parameter tensor
   (:mod:`dtlab.plan.zero3_per_parameter`, v0.3.13), without a pipeline (DeepSpeed's pipeline
   engine refuses ZeRO-2 and 3 from v0.3.16, April 2021). Left out on purpose: DeepSpeed's
@@ -71,6 +76,8 @@ class Software:
     keeps_stage_outputs: bool = False  # each in-flight micro-batch's stage output held
     tp_backward_overlap: bool = True  # backward's TP all-reduce under the wgrad GEMM
     overlaps_grad_sync: bool = True  # DP's once-a-step sync under the last backward
+    blocking_p2p: bool = False  # every pipeline exchange waited on (and the device synced)
+    fp32_main_grads: bool = False  # its own optimizer keeps an FP32 copy of each gradient
 
     def problems(self, plan: ParallelPlan, job: Requirements) -> list[str]:
         """Each technique ``plan`` uses for ``job`` that this software lacks ([] when none; a
@@ -133,6 +140,7 @@ MEGATRON_2022 = Software(
     uneven_stages=False,
     min_pp_interleaved=3,
     overlaps_grad_sync=False,
+    blocking_p2p=True,
 )
 MEGATRON_2021 = Software(
     "megatron-lm-2021",
@@ -149,6 +157,8 @@ MEGATRON_2021 = Software(
     keeps_stage_outputs=True,
     tp_backward_overlap=False,
     overlaps_grad_sync=False,
+    blocking_p2p=True,
+    fp32_main_grads=True,
 )
 SOFTWARE: dict[str, Software] = {
     "current": Software("current"),

@@ -219,7 +219,7 @@ def step_time(
     per_step_hidden = 0.0  # ZeRO 0-1 (and Llama 3's FSDP): the once-a-step sync's hidden part
     if not (plan.zero_stage == 2 or (plan.zero_stage == 3 and plan.reshard_after_forward)):
         per_step_hidden = max(0.0, dp_all - dp_step)
-    pp_s, pp_shown = pp_exposed_s(req, plan)
+    pp_s, pp_shown = pp_exposed_s(req, plan, software_of(req).blocking_p2p)
     dp_step += per_parameter_exposed_s(req, plan, m)  # DeepSpeed 2021's ZeRO-3 only
     step = pipeline + pp_shown + dp_step + overlap_cost(req, per_step_hidden + pp_s - pp_shown)
     c = slow.compute
