@@ -410,7 +410,9 @@ for req in JOBS:
 # the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400 Gb/s
 # NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC for
 # all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
-# (tp=2, ZeRO-3 over 1,024 ranks) within about 1 % of the fastest on rails, and
+# (tp=2, ZeRO-3 over 1,024 ranks, selective recomputation) within about 3 % of the fastest on
+# rails (which keeps every activation — flash attention stores no scores, so selective
+# recomputation saves nothing — and trades TP for CP), and
 # communication-bound — most of its step waiting for data parallel — with one NIC per node, where
 # the fastest layout puts more into CP and PP (dp 16, ZeRO-1) so each GPU syncs a 16× smaller
 # shard, once per step.
@@ -458,7 +460,7 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
 # causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
 # (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.96–1.05), Korthikanti's seven
-# (1.00–1.13), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
+# (1.01–1.13), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
 # the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
 # tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
 # row at 38 % on the attention-counting basis but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07)
@@ -468,9 +470,10 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # Priced as a modern per-layer ZeRO-3 (FSDP) those rows would be 1.3–4.1× faster than measured:
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
-# planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 rank at 37 / 26 / 26 % (goal: the fastest
-# quarter). Nearly all plans ahead of them also recompute whole layers and are at most 7 %
+# planner's best plan claims (`python -m dtlab.plan.worked --published`). Two results miss a
+# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384 and 768 GPUs rank at 37 and 26 %
+# (goal: the fastest quarter; 1,536's at 24 %, inside it by one plan). Nearly all plans ahead of
+# them also recompute whole layers and are at most 7 %
 # faster — inside the model's own ±15 % — and one or two skip recomputation with a deeper
 # pipeline, which nobody measured. Against today's software they rank 29 / 24 / 19 %, behind
 # plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this

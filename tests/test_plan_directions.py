@@ -124,13 +124,18 @@ def test_fp32_gradients_double_the_gradient_bytes():
 
 def test_software_that_waits_on_each_pipeline_exchange_exposes_more_of_it():
     """Same bytes; Megatron-LM before 2023 waited on every exchange, so more of them shows —
-    and more chunks mean more exchanges shown."""
+    and each added chunk adds more exposed time when every exchange waits than when only the
+    fill and drain do."""
     job = replace(JOB, software="megatron-lm-2022")
+    today = replace(job, software="current")
     plan = replace(BASE, zero_stage=0, virtual_stages=1)
-    waited, overlapped = step_time(job, plan), step_time(replace(job, software="current"), plan)
+    deeper = replace(plan, virtual_stages=2)
+    waited, overlapped = step_time(job, plan), step_time(today, plan)
     assert waited.pp_s == pytest.approx(overlapped.pp_s)
     assert waited.pp_exposed_s > overlapped.pp_exposed_s
-    assert step_time(job, replace(plan, virtual_stages=2)).pp_exposed_s > waited.pp_exposed_s
+    more_waited = step_time(job, deeper).pp_exposed_s - waited.pp_exposed_s
+    more_overlapped = step_time(today, deeper).pp_exposed_s - overlapped.pp_exposed_s
+    assert more_waited > more_overlapped > 0
 
 
 def test_recomputation_holds_the_rerun_layers_working_set_beside_the_kept_inputs():

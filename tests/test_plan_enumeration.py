@@ -80,7 +80,10 @@ def test_context_parallelism_divides_and_full_recompute_shrinks_the_activations(
     scores = 5 * 32 * 4096 * sbh // 4096 // 8  # the 5·a·s²·b/t term selective recomputation drops
     kept = 34 * sbh // 8  # what a layer keeps with TP 8 + SP, scores aside (flash stores none)
     assert activation_bytes_per_gpu(LLAMA_7B, base) == 32 * kept  # selective: nothing to rerun
-    assert activation_bytes_per_gpu(LLAMA_7B, none) == 32 * (kept + scores)
+    assert activation_bytes_per_gpu(LLAMA_7B, none) == 32 * kept  # flash keeps no scores either
+    eager = replace(LLAMA_7B, flash_attention=False)  # without flash the scores are kept
+    assert activation_bytes_per_gpu(eager, none) == 32 * (kept + scores)
+    assert activation_bytes_per_gpu(eager, base) == 32 * kept + scores  # and rerun, one layer
     # 32 kept inputs, plus the one layer whose backward reruns it, whole, while that backward runs
     assert activation_bytes_per_gpu(LLAMA_7B, full) == 32 * 2 * sbh // 8 + kept - 2 * sbh // 8
 

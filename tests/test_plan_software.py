@@ -179,26 +179,32 @@ def test_2021_and_2022_software_wait_on_every_pipeline_exchange():
     the device until its 2023 ``--overlap-p2p-comm``: every exchange is on the critical path, and
     without SP so is the NVLink all-gather after each receive (scatter/gather). Today's
     software hides the steady state and exposes only the fill's and drain's hops."""
+    from dtlab.cost import gpu
     from dtlab.plan.exposed import pp_exposed_s
     from dtlab.plan.software import SOFTWARE
 
     job = replace(JOB_2021, n_gpus=384)
     assert SOFTWARE["megatron-lm-2021"].blocking_p2p and SOFTWARE["megatron-lm-2022"].blocking_p2p
-    sends, shown = pp_exposed_s(job, PTD_P, blocking=True)
-    assert shown == sends
-    hidden_sends, fill_and_drain = pp_exposed_s(job, PTD_P)
-    assert fill_and_drain < 0.1 * hidden_sends < sends
-    with_sp, _ = pp_exposed_s(job, replace(PTD_P, sequence_parallel=True), blocking=True)
-    assert with_sp == pytest.approx(hidden_sends)  # no gather: each rank's slice is its own
-    deeper, _ = pp_exposed_s(job, replace(PTD_P, virtual_stages=4), blocking=True)
-    assert deeper == pytest.approx(2 * sends)  # twice the chunks, twice the exchanges
+    assert not SOFTWARE["current"].blocking_p2p
+    hop = 2048 * 12288 * 2 / 8  # one micro-batch's stage output, one TP rank's slice
+    nic, nvlink = 25e9, gpu(job.gpu).nvlink.bandwidth_bytes_per_s  # HDR 200 per GPU; NVLink3
+    exchanges = 2 * 384 * 2  # forward and backward, 384 micro-batches, 2 chunks per device
+    sends, fill_and_drain = exchanges * hop / nic, 2 * (24 - 1) * hop / nic
+    gathers = exchanges * 7 * hop / nvlink
+    assert pp_exposed_s(job, PTD_P) == pytest.approx((sends, fill_and_drain))
+    waited = pp_exposed_s(job, PTD_P, blocking=True)
+    assert waited == pytest.approx((sends + gathers, sends + gathers + fill_and_drain))
+    with_sp = pp_exposed_s(job, replace(PTD_P, sequence_parallel=True), blocking=True)
+    assert with_sp == pytest.approx((sends, sends + fill_and_drain))  # each slice its own
 
 
 def test_2021_megatron_holds_20_bytes_per_parameter_and_deepspeeds_zero3_does_not():
     """``Float16OptimizerWithFloat16Params`` (April 2021) set ``main_param.grad =
     model_param.main_grad.float()`` and its ``zero_grad`` never freed it: FP16 weights and
     gradients, FP32 master weights, FP32 gradients, Adam's two moments — 20 B per parameter,
-    which rules out TP 4 × PP 12 (3.65 B parameters a GPU, 73 GB) for the 175B job."""
+    which rules out TP 4 × PP 12 for the 175B job (3.65 B layer parameters a GPU, 73 GB; stage
+    0, with the embedding, 75 GB). With FP32 gradient accumulation the copy is the gradient
+    itself: 18 B."""
     from dtlab.plan.memory_by_category import memory_per_gpu
     from dtlab.plan.problems import plan_problems
 
@@ -209,6 +215,8 @@ def test_2021_megatron_holds_20_bytes_per_parameter_and_deepspeeds_zero3_does_no
     assert then.model_state > 72e9 and any("memory" in p for p in plan_problems(job, tp4))
     now = memory_per_gpu(replace(job, software="current"), tp4)
     assert now.model_state == pytest.approx(then.model_state * 16 / 20)
+    fp32 = memory_per_gpu(job, replace(tp4, fp32_grad_accum=True))
+    assert fp32.model_state == pytest.approx(then.model_state * 18 / 20)
     zero3 = ParallelPlan(384, 1, 1, 3, 4, recompute="full", zero3_collectives="per_parameter",
                          sequence_parallel=False)  # fmt: skip
     assert memory_per_gpu(job, zero3).gradients == pytest.approx(

@@ -25,10 +25,11 @@ Per mechanism, what is exposed and what hides it (seconds; bytes from
   3.2.1): only what outlasts a micro-batch's compute shows.
 * **PP** (per step): sends are asynchronous and overlap the next micro-batch's compute in the
   steady state; the fill and the drain wait on each hop — ``2·(c − 1)`` sends of
-  ``b·(s/cp)·d/tp`` bf16 values (Megatron's scatter-gather: each TP rank sends its slice) over
-  the ``c`` chunks the micro-batch crosses. Software that waits on every exchange (Megatron-LM
-  before 2023, :attr:`~dtlab.plan.software.Software.blocking_p2p`) exposes all of a device's
-  sends, and without SP the NVLink all-gather that rebuilds each received tensor.
+  ``b·(s/cp)·d/tp`` bf16 values (each TP rank sends a slice: its own with SP, a scatter/gather
+  one without) over the ``c`` chunks the micro-batch crosses. Software that waits on every
+  exchange (Megatron-LM before 2023, :attr:`~dtlab.plan.software.Software.blocking_p2p`)
+  exposes all of a device's sends besides, and without SP the NVLink all-gather that rebuilds
+  each received tensor.
 * **DP** (per step, on pipeline device 0 — the last to finish its backward, so the one with no
   slack: a later stage's sync runs while earlier stages still compute): a reduction hides only
   behind the backward that follows its gradients *on that device* — the last micro-batch's
@@ -176,11 +177,13 @@ def pp_exposed_s(
     ``2·(c − 1)`` hops are exposed. ``blocking=True`` is Megatron-LM's exchange before its 2023
     ``--overlap-p2p-comm``: ``_communicate`` waited on every ``batch_isend_irecv`` request and
     then called ``torch.cuda.synchronize()``, so each of a device's exchanges — per micro-batch
-    and chunk, its input and output activations forward and their gradients backward — sits on
-    its critical path. Without sequence parallelism each TP rank sends a ``1/tp`` slice and the
+    and chunk, its input and output activations forward and their gradients backward, both
+    directions at once on full-duplex links — sits on its critical path, beside the fill's and
+    drain's hops. Without sequence parallelism each TP rank sends a ``1/tp`` slice and the
     receiver all-gathers the whole tensor over NVLink (Megatron's scatter/gather, Narayanan et
-    al. 2021 Sec. 4.1, which they measured up to 11 % faster than sending it whole — a gain only
-    exposed sends can give): those gathers are on the path too."""
+    al. 2021 Sec. 4.1, measured up to 11 % faster than sending it whole in their Fig. 18 — a
+    gain only exposed sends can give; removed from Megatron-LM in January 2023, when SP had
+    made it moot): those gathers are on the path too."""
     if plan.pp == 1:
         return 0.0, 0.0
     hop_bytes = tokens_per_micro_batch(req, plan) * req.d_model * 2 / plan.tp
@@ -188,13 +191,14 @@ def pp_exposed_s(
     m = req.global_batch_sequences / (plan.dp * plan.micro_batch_size)
     hops = chunk_count(plan) if plan.schedule != "dualpipe" else plan.pp
     total = 2 * m * hops / plan.pp * hop_bytes / bandwidth
+    fill_and_drain = 2 * (hops - 1) * hop_bytes / bandwidth
     if not blocking:
-        return total, 2 * (hops - 1) * hop_bytes / bandwidth
+        return total, fill_and_drain
     gathers = 0.0
     if plan.tp > 1 and not plan.sequence_parallel:
         nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
         gathers = 2 * m * hops / plan.pp * (plan.tp - 1) * hop_bytes / nvlink
-    return total + gathers, total + gathers
+    return total + gathers, total + gathers + fill_and_drain
 
 
 def dp_seconds(

@@ -75,7 +75,9 @@ def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> floa
     """Bytes one layer keeps for backward, one micro-batch, one GPU (TP, SP, ``s/cp`` tokens).
 
     A GPT-shaped job (no ``d_ff``, no gated MLP: the Llama 2 presets, Megatron-LM 2021's GPT)
-    uses Korthikanti et al. 2022's Table 2 (:func:`dtlab.memory.activation_bytes_per_layer`).
+    uses Korthikanti et al. 2022's Table 2 (:func:`dtlab.memory.activation_bytes_per_layer`),
+    without its ``5·a·s²·b/t`` scores when the job runs flash attention (which never stores
+    them: its ``"none"`` keeps what ``"selective"`` keeps).
     A job that states its shapes (:attr:`~dtlab.plan.job.Requirements.counts_tensors`) is counted
     tensor by tensor, flash attention (no scores kept), per token: each block's input (``2d``)
     and, without recomputation, its normalised input (``2d``); what attention keeps besides
@@ -89,9 +91,12 @@ def activation_bytes_per_layer_of(req: Requirements, plan: ParallelPlan) -> floa
     inputs stay whole on every TP rank and only the rest is over ``tp``."""
     s, b = req.seq_len // plan.cp, plan.micro_batch_size
     if not req.counts_tensors:
+        recompute = plan.recompute
+        if recompute == "none" and req.flash_attention:
+            recompute = "selective"  # flash attention never stores the 5·a·s²·b scores
         return float(
             activation_bytes_per_layer(
-                s, b, req.d_model, req.n_heads, plan.tp, plan.sequence_parallel, plan.recompute
+                s, b, req.d_model, req.n_heads, plan.tp, plan.sequence_parallel, recompute
             )
         )
     d, w, g = req.d_model, req.attn_width, 2 if req.gated_mlp else 1
@@ -117,8 +122,9 @@ def activation_bytes_by_device(req: Requirements, plan: ParallelPlan) -> list[fl
     :func:`held_stage_outputs_by_device` where the job's software keeps them. Recomputation
     adds one layer's working set: the backward reruns what the layer dropped (full: its whole
     forward, Megatron-LM's ``CheckpointFunction`` with one layer per checkpoint by default, like
-    ``torch.utils.checkpoint``; selective: attention's core) and holds it until that layer's
-    backward ends — the per-layer bytes without recomputation, less those kept."""
+    ``torch.utils.checkpoint``; selective: attention's scores without flash attention, the
+    norms of a job that states its shapes, nothing for a GPT-shaped job with flash attention)
+    and holds it until that layer's backward ends — :func:`rerun_bytes`, less what is kept."""
     per_layer = activation_bytes_per_layer_of(req, plan)
     m = max(1, int(micro_batches(req, plan)))
     rerun = rerun_bytes(req, plan) - per_layer if plan.recompute != "none" else 0.0

@@ -112,12 +112,14 @@ def state_by_category(
     moments 12 B; ZeRO-1 shards the 12, ZeRO-2 the gradients too, ZeRO-3 the weights too —
     unless ``reshard_after_forward`` is off, when the weights stay gathered through the step
     and the gradients accumulate unsharded (ZeRO-1's memory). ``fp32_main_grads`` adds 4 B of
-    gradient per parameter without ZeRO: Megatron-LM's FP16 optimizer of 2021
-    (``Float16OptimizerWithFloat16Params``) gave every FP32 master weight an FP32 copy of its
-    FP16 gradient (``main_param.grad = model_param.main_grad.float()``) and its ``zero_grad``
-    never freed it, so a GPU held 20 B per parameter through the whole step."""
+    gradient per parameter without ZeRO when the gradients are 16-bit: Megatron-LM's FP16
+    optimizer of 2021 (``Float16OptimizerWithFloat16Params``) gave every FP32 master weight an
+    FP32 copy of its FP16 gradient (``main_param.grad = model_param.main_grad.float()``) and its
+    ``zero_grad`` never freed it, so a GPU held 20 B per parameter through the whole step. With
+    FP32 accumulation (``fp32_grad_accum``) the gradient is already FP32, ``.float()`` returns
+    it, and the copy costs nothing: 18 B."""
     grad_bytes = 4 if plan.fp32_grad_accum else 2
-    if fp32_main_grads and plan.zero_stage == 0:
+    if fp32_main_grads and plan.zero_stage == 0 and not plan.fp32_grad_accum:
         grad_bytes += 4
     stage = plan.zero_stage
     if stage == 3 and not plan.reshard_after_forward:
