@@ -410,9 +410,7 @@ for req in JOBS:
 # the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400 Gb/s
 # NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC for
 # all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
-# (tp=2, ZeRO-3 over 1,024 ranks, selective recomputation) within about 3 % of the fastest on
-# rails (which keeps every activation — flash attention stores no scores, so selective
-# recomputation saves nothing — and trades TP for CP), and
+# (tp=2, ZeRO-3 over 1,024 ranks) within about 1 % of the fastest on rails, and
 # communication-bound — most of its step waiting for data parallel — with one NIC per node, where
 # the fastest layout puts more into CP and PP (dp 16, ZeRO-1) so each GPU syncs a 16× smaller
 # shard, once per step.

@@ -131,8 +131,7 @@ def test_software_that_waits_on_each_pipeline_exchange_exposes_more_of_it():
     plan = replace(BASE, zero_stage=0, virtual_stages=1)
     deeper = replace(plan, virtual_stages=2)
     waited, overlapped = step_time(job, plan), step_time(today, plan)
-    assert waited.pp_s == pytest.approx(overlapped.pp_s)
-    assert waited.pp_exposed_s > overlapped.pp_exposed_s
+    assert waited.pp_exposed_s > overlapped.pp_s > overlapped.pp_exposed_s  # the sends, and more
     more_waited = step_time(job, deeper).pp_exposed_s - waited.pp_exposed_s
     more_overlapped = step_time(today, deeper).pp_exposed_s - overlapped.pp_exposed_s
     assert more_waited > more_overlapped > 0

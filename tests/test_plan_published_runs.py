@@ -26,13 +26,13 @@ as they ran (the 2021 ones and Korthikanti's full-recomputation baselines withou
 Korthikanti et al. beat — are held to ±15 % but not to the rank goal.
 
 The rank goal is missed by two GPT-3 175B PTD-P rows of 2021, pinned below with both lenses
-(no constant was retuned to win them back; a change that moves them fails here and must update
-the pins and the README). The 384- / 768- / 1,536-GPU layouts rank 37 / 26 / 24 % among 2021's
+(and the other 2021 rows' rank against today's software; no constant was retuned to win them
+back; a change that moves them fails here and must update the pins and the README). The 384- / 768- / 1,536-GPU layouts rank 37 / 26 / 24 % among 2021's
 plans (52 / 41 / 36 % before the model priced three things that software did: every pipeline
 exchange waited on, 20 B of model state per parameter, and the rerun layer's working set) —
 the 1,536-GPU row inside the goal by one plan, the 768-GPU row outside it by one: ranks among
 near-equal plans move with any small change. Within 2021's software every plan ahead but one or
-two also recomputes whole layers and is 0.1–7 % faster (micro-batch 2, TP 4, other depths and
+two also recomputes whole layers and is up to 7 % faster (micro-batch 2, TP 4, other depths and
 interleavings: inside the model's own ±15 %); the others skip recomputation with a deeper
 pipeline (1F1B's stage 0 holds ``L`` layers' activations whatever ``pp`` is, so deepening it
 frees model state until they fit: at 384 GPUs TP 8 × PP 48, 68.6 of 72 GB, 1.19× faster),
@@ -72,6 +72,8 @@ RANK_MISSES = {
     "GPT-3 175B, 768 A100 PTD-P": (0.26, 0.24),
 }
 """Share of the plans faster than the published layout: among its own software's, and today's."""
+TODAY_RANKS = {"GPT-3 175B, 1,536 A100 PTD-P": 0.19, "GPT 1T, 3,072 A100 PTD-P": 0.10}
+"""The other 2021 layouts' share among today's software's plans (README states them)."""
 
 CHOSEN_LAYOUTS = [r for r in PUBLISHED_RUNS if not r.baseline]
 """The layouts each paper chose (not the baselines it ran to beat)."""
@@ -118,6 +120,8 @@ def test_the_published_layout_ranks_in_the_fastest_quarter_of_the_planners_own(r
         assert c.rank_fraction_with("current") == pytest.approx(today, abs=0.02)
     else:
         assert c.rank_fraction < 0.25
+        if run.name in TODAY_RANKS:
+            assert c.rank_fraction_with("current") == pytest.approx(TODAY_RANKS[run.name], abs=0.02)
 
 
 @pytest.mark.parametrize("run", PUBLISHED_RUNS, ids=lambda r: r.name)
@@ -206,7 +210,7 @@ def test_deepspeed_2021_zero3_stops_scaling_from_768_to_1536_gpus(compared):
 @pytest.mark.parametrize("gpus", [384, 768, 1536])
 def test_the_planner_reproduces_the_papers_ptd_p_over_zero3_speedup(gpus, compared):
     """Narayanan et al. 2021, Sec. 5.2: PTD-P beats ZeRO-3 by 6 % at 384 GPUs and ~70 % once
-    the GPUs double; at 1,536 it is 3.2× faster. The model: 1.00 / 1.53 / 3.60× — each within
+    the GPUs double; at 1,536 it is 3.2× faster. The model: 1.00 / 1.53 / 3.59× — each within
     20 % (the last is two ±15 % predictions' errors compounded: PTD-P 0.96, ZeRO-3 1.07). At 384
     the paper's 6 % is inside the two predictions' errors and the model calls them even (0.996):
     the order is asserted only where the gap is wider than that."""

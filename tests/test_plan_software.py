@@ -192,18 +192,17 @@ def test_2021_and_2022_software_wait_on_every_pipeline_exchange():
     sends, fill_and_drain = exchanges * hop / nic, 2 * (24 - 1) * hop / nic
     gathers = exchanges * 7 * hop / nvlink
     assert pp_exposed_s(job, PTD_P) == pytest.approx((sends, fill_and_drain))
-    waited = pp_exposed_s(job, PTD_P, blocking=True)
-    assert waited == pytest.approx((sends + gathers, sends + gathers + fill_and_drain))
+    every = sends + gathers + fill_and_drain  # all of it on the path: 0.62 s, 0.8 % of the step
+    assert pp_exposed_s(job, PTD_P, blocking=True) == pytest.approx((every, every))
     with_sp = pp_exposed_s(job, replace(PTD_P, sequence_parallel=True), blocking=True)
-    assert with_sp == pytest.approx((sends, sends + fill_and_drain))  # each slice its own
+    assert with_sp[1] == pytest.approx(sends + fill_and_drain)  # each slice its own: no gather
 
 
 def test_2021_megatron_holds_20_bytes_per_parameter_and_deepspeeds_zero3_does_not():
     """``Float16OptimizerWithFloat16Params`` (April 2021) set ``main_param.grad =
     model_param.main_grad.float()`` and its ``zero_grad`` never freed it: FP16 weights and
     gradients, FP32 master weights, FP32 gradients, Adam's two moments — 20 B per parameter,
-    which rules out TP 4 × PP 12 for the 175B job (3.65 B layer parameters a GPU, 73 GB; stage
-    0, with the embedding, 75 GB). With FP32 gradient accumulation the copy is the gradient
+    which rules out TP 4 × PP 12 for the 175B job (3.6 B parameters a GPU, 75 GB on stage 0). With FP32 gradient accumulation the copy is the gradient
     itself: 18 B."""
     from dtlab.plan.memory_by_category import memory_per_gpu
     from dtlab.plan.problems import plan_problems

@@ -68,12 +68,12 @@ def test_dp_sync_hides_only_behind_the_backward_that_follows_it_on_stage_zero():
     assert chunked.dp_exposed_s > flat.dp_exposed_s > 0
 
 
-def test_on_rails_the_first_70b_plan_that_fits_is_within_3_percent_of_the_fastest():
-    """Lab 11's claim ("within about 3 % of the fastest on rails"): the expert's first fit is
-    not the model's fastest — that one keeps every activation (flash attention stores no scores,
-    so nothing is left for selective recomputation to save) and drops TP for CP — but it is
-    close."""
-    chosen = step_time(LLAMA_70B, first_plan_that_fits(LLAMA_70B))
+def test_on_rails_the_first_70b_plan_that_fits_is_within_2_percent_of_the_fastest():
+    """Lab 11's claim ("within about 1 % of the fastest on rails"): the expert's first fit is
+    not the model's fastest once GEMMs are priced by waves of tiles (that one trades TP for CP),
+    but it is close."""
+    first = first_plan_that_fits(LLAMA_70B)
+    chosen = step_time(LLAMA_70B, first)
     plan, best = fastest_plans(LLAMA_70B, 1)[0]
-    assert plan.recompute == "none" and plan.tp == 1
-    assert best.step_s <= chosen.step_s <= 1.03 * best.step_s
+    assert plan != first and (plan.tp, plan.cp) == (1, 2)
+    assert chosen.step_s <= 1.02 * best.step_s

@@ -29,9 +29,11 @@ prefix on average (zig-zag balancing), so per token the same. Timed at
 
 **Recomputation** (Korthikanti et al. 2022), extra work MFU does not count: ``"full"`` reruns
 the whole forward; ``"selective"`` reruns the attention core's forward for a GPT-shaped job
-(Korthikanti's scores are then not stored) and only norms and activation functions — elementwise
-work inside :data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` — for a job that states its shapes,
-whose attention is a flash kernel that reruns the scores inside its own backward anyway.
+without flash attention (Korthikanti's scores are then not stored), nothing for one with flash
+attention (the kernel stores no scores and reruns them inside its own backward anyway; Megatron-LM
+checkpoints the core attention only ``if not self.use_flash_attn``), and only norms and
+activation functions — elementwise work inside
+:data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` — for a job that states its shapes.
 
 **The job's own overheads**, both stated by DeepSeek-V3 (Sec. 2.2 and 3.2.2):
 ``comm_sm_fraction`` of the SMs run communication kernels (20 of the H800's 132 for DualPipe's
@@ -163,7 +165,7 @@ def _stage_compute(req: Requirements, plan: ParallelPlan, stage: int) -> MicroBa
     layer_s, attention_layer_s, head_s = _unit_seconds(req, plan)
     linear_s = layer_s * layers + head_s * heads
     attention_s = attention_layer_s * layers
-    core_rerun = 0.0 if req.counts_tensors else attention_s
+    core_rerun = 0.0 if req.counts_tensors or req.flash_attention else attention_s
     rerun = {"none": 0.0, "selective": core_rerun, "full": attention_s + linear_s}[plan.recompute]
     return MicroBatchCompute(
         forward_s=linear_s + attention_s,

@@ -198,7 +198,8 @@ def pp_exposed_s(
     if plan.tp > 1 and not plan.sequence_parallel:
         nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
         gathers = 2 * m * hops / plan.pp * (plan.tp - 1) * hop_bytes / nvlink
-    return total + gathers, total + gathers + fill_and_drain
+    every = total + gathers + fill_and_drain
+    return every, every
 
 
 def dp_seconds(

@@ -136,11 +136,8 @@ def activation_bytes_by_device(req: Requirements, plan: ParallelPlan) -> list[fl
 
 def rerun_bytes(req: Requirements, plan: ParallelPlan) -> float:
     """Bytes one layer holds, one micro-batch, while its backward runs: what it keeps without
-    recomputation — less the ``5·a·s²·b/t`` scores of a GPT-shaped job with flash attention,
-    whose kernel never stores them (Korthikanti's count assumes it does)."""
-    flash_scores_absent = req.flash_attention and not req.counts_tensors
-    whole = "selective" if flash_scores_absent else "none"
-    return activation_bytes_per_layer_of(req, replace(plan, recompute=whole))
+    recomputation (no scores where flash attention runs: :func:`activation_bytes_per_layer_of`)."""
+    return activation_bytes_per_layer_of(req, replace(plan, recompute="none"))
 
 
 def held_stage_outputs_by_device(req: Requirements, plan: ParallelPlan, m: int) -> list[float]:

@@ -19,7 +19,7 @@
   cuts, the embedding on the first and the head on the last, DualPipe's two copies), so every
   device is priced and :func:`memory_per_gpu` returns the one with the largest total.
 * **The software's own optimizer**: Megatron-LM of 2021 held 20 B per parameter without ZeRO
-  (an FP32 copy of every gradient beside the FP16 one: :func:`state_by_category`).
+  (an FP32 copy of every FP16 gradient; 18 B with FP32 accumulation: :func:`state_by_category`).
 * **Options**: ``fp32_grad_accum`` (4 B gradients), ``reshard_after_forward=False`` (ZeRO-3
   that keeps gathered weights through the step: ZeRO-1's memory; Llama 3's FSDP).
 """

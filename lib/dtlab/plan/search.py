@@ -24,7 +24,8 @@ of the classic ``(dp, tp, pp)`` search, so the Llama 2 jobs plan as before. Only
 levers that cut activations pulled, cheapest first (Korthikanti et al. 2022, Sec. 5; Liu et al.
 2023): **context parallelism**, smallest ``cp`` first (its ring hides behind attention's compute);
 then **full recomputation** (one more forward pass: 8·N instead of 6·N FLOPs), with ``cp``
-again from 1; then **no recomputation** (fastest when it fits, the most memory, so last);
+again from 1; then **no recomputation** (fastest when it fits, the most memory, so last — for
+a GPT-shaped job with flash attention the same as selective, which has nothing to drop);
 and **micro-batches of 2** last of all (more memory and a longer bubble; they only pay
 where small GEMMs lose efficiency, :mod:`dtlab.plan.compute`). Pipelines also try the
 **ZB-H1** schedule (weight gradients fill the drain) and, for a mixture of experts,

@@ -30,8 +30,9 @@ The presets, and the sources that date them:
   activations of the whole sequence) and with backward's all-reduces waiting, recomputation of
   whole layers or none (Sec. 3.5), 1F1B and interleaved 1F1B (3 stages or more, layers divided
   evenly), plain data parallelism reduced after the backward (``--DDP-impl local``; no
-  distributed optimizer) and 20 B of model state per parameter (its FP16 optimizer gave each
-  FP32 master weight an FP32 copy of its gradient and never freed it:
+  distributed optimizer) and 20 B of model state per parameter with FP16 gradients (its FP16
+  optimizer gave each FP32 master weight an FP32 copy of its gradient and never freed it; 18 B
+  when gradients accumulate in FP32, where the copy is the gradient itself:
   :func:`dtlab.plan.memory_by_category.state_by_category`), each in-flight micro-batch's stage
   output kept until its backward (freed after the send from December 2021:
   :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`), every pipeline exchange waited
@@ -77,7 +78,7 @@ class Software:
     tp_backward_overlap: bool = True  # backward's TP all-reduce under the wgrad GEMM
     overlaps_grad_sync: bool = True  # DP's once-a-step sync under the last backward
     blocking_p2p: bool = False  # every pipeline exchange waited on (and the device synced)
-    fp32_main_grads: bool = False  # its own optimizer keeps an FP32 copy of each gradient
+    fp32_main_grads: bool = False  # its optimizer keeps an FP32 copy of each 16-bit gradient
 
     def problems(self, plan: ParallelPlan, job: Requirements) -> list[str]:
         """Each technique ``plan`` uses for ``job`` that this software lacks ([] when none; a
