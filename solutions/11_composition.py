@@ -533,6 +533,21 @@ for label, args in (
 ask("system_design.megatron_2021_recompute_forced")
 
 # %% [markdown]
+# **What the software waited on.** A 1F1B diagram shows pipeline sends hidden under the next
+# micro-batch, but Megatron-LM waited on every exchange (and synchronized the device) until 2023.
+# Look for: the same layout's pipeline seconds per step — all exposed under 2021's software
+# (the sends and the NVLink gathers that rebuild each received slice, 0.8 % of the step), only
+# the fill's and drain's hops under today's.
+
+# %%
+for software in ("megatron-lm-2021", "current"):
+    t = step_time(replace(job_2021, software=software), ptd_p)
+    print(f"{software:>17}: pipeline {t.pp_s:.2f} s per step, {t.pp_exposed_s:.2f} s exposed")
+
+# %%
+ask("system_design.megatron_2021_waited_exchanges")
+
+# %% [markdown]
 # **So is a batch ramp.** Runs start with a smaller global batch and grow it
 # (`Requirements.batch_ramp`, `dtlab.plan.batch_ramp`); the layout stays, so every stage's
 # batch must still split into whole micro-batches of every data-parallel rank. Look for: the
