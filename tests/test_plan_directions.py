@@ -146,3 +146,19 @@ def test_recomputation_holds_the_rerun_layers_working_set_beside_the_kept_inputs
     inputs_only = JOB.n_layers * activation_bytes_per_layer_of(JOB, full)  # one micro-batch
     held = activation_bytes_per_gpu(JOB, full)
     assert inputs_only < held < activation_bytes_per_gpu(JOB, replace(full, recompute="none"))
+
+
+@pytest.mark.parametrize("batch", [32, 128])
+def test_tensor_parallelism_peaks_at_one_server(batch):
+    """Narayanan et al. 2021, Fig. 13: on 64 A100s the 162B GPT ran fastest at ``t = 8`` of
+    ``(t, p)`` = (2, 32) … (32, 2), at batch 32 and 128 — a smaller ``t`` pays a deeper pipeline's
+    bubble, a larger one runs its all-reduces through the NICs. The widths past a node are timed
+    here though the planner refuses them."""
+    from dtlab.plan.megatron_jobs import fig13_gpt_162b
+
+    job = fig13_gpt_162b(batch)
+    steps = {
+        t: step_time(job, ParallelPlan(1, t, 64 // t, 0, 1, recompute="full")).step_s
+        for t in (2, 4, 8, 16, 32)
+    }
+    assert min(steps, key=steps.get) == 8, steps

@@ -85,13 +85,17 @@ def dp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
 
 
 def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
-    """All of one micro-batch's TP + SP collectives on one device (forward and backward)."""
+    """All of one micro-batch's TP + SP collectives on one device (forward and backward), on
+    NVLink while the group fits in a node; a group wider than a node (which
+    :func:`~dtlab.plan.problems.plan_problems` refuses, but :func:`~dtlab.plan.step_time.step_time`
+    still prices when asked) runs its rings through the NICs — why Narayanan et al. 2021
+    (Fig. 13) measured their peak at ``tp`` = the GPUs of one server."""
     if plan.tp == 1:
         return 0.0
     volume = sp_collective_volume_per_layer(
         req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp
     ).bytes_sent_per_rank
-    return volume * layers / gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+    return volume * layers / group_bandwidth_of(req, plan.tp)
 
 
 def tp_exposed(

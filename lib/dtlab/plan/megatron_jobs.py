@@ -11,6 +11,9 @@ flash attention: the scores go through HBM (``flash_attention=False``).
 * :data:`GPT_1T` — 128 layers, h 25,600, 160 heads; batch 3,072 on 3,072 GPUs (Table 1).
 * :data:`MT_NLG_530B` — 105 layers, h 20,480, 128 heads (Smith et al. 2022; Korthikanti et al.
   2022, Table 3).
+* :func:`fig13_gpt_162b` — the 32-layer, h 20,480, 128-head GPT (162.2B) of Narayanan et al.
+  2021's Fig. 13 on 64 GPUs, which swept (t, p) at batch 32 and 128 and measured its peak at
+  ``t = 8``, the GPUs of one server.
 
 Policy (each paper's, as far as it states one): 90 % of HBM planned, no bubble cap (the papers
 report throughput whatever the bubble), and the software of the 2021 paper
@@ -67,4 +70,11 @@ def selene_gpt(name: str, layers: int, hidden: int, heads: int, gpus: int) -> Re
 GPT_1T = selene_gpt("GPT 1T (Megatron-LM 2021)", 128, 25600, 160, 3072)
 MT_NLG_530B = selene_gpt("MT-NLG 530B", 105, 20480, 128, 280)
 SELENE_MODELS = (GPT3_175B, MT_NLG_530B, GPT_1T)
+
+
+def fig13_gpt_162b(batch: int) -> Requirements:
+    """Narayanan et al. 2021, Fig. 13's job: the 162.2B GPT on 64 GPUs with ``batch`` sequences
+    (32 or 128), swept over ``(t, p)`` with ``t·p = 64`` and no data parallelism."""
+    job = selene_gpt(f"GPT 162B, batch {batch}, 64 A100", 32, 20480, 128, 64)
+    return replace(job, global_batch_tokens=batch * 2048)
 """The three GPT shapes Megatron-LM ran on Selene, smallest first."""
