@@ -70,6 +70,7 @@ def selene_gpt(name: str, layers: int, hidden: int, heads: int, gpus: int) -> Re
 GPT_1T = selene_gpt("GPT 1T (Megatron-LM 2021)", 128, 25600, 160, 3072)
 MT_NLG_530B = selene_gpt("MT-NLG 530B", 105, 20480, 128, 280)
 SELENE_MODELS = (GPT3_175B, MT_NLG_530B, GPT_1T)
+"""The three GPT shapes Megatron-LM ran on Selene, smallest first."""
 
 
 def fig13_gpt_162b(batch: int) -> Requirements:
@@ -77,4 +78,3 @@ def fig13_gpt_162b(batch: int) -> Requirements:
     (32 or 128), swept over ``(t, p)`` with ``t·p = 64`` and no data parallelism."""
     job = selene_gpt(f"GPT 162B, batch {batch}, 64 A100", 32, 20480, 128, 64)
     return replace(job, global_batch_tokens=batch * 2048)
-"""The three GPT shapes Megatron-LM ran on Selene, smallest first."""
