@@ -44,11 +44,16 @@ from dtlab.plan import (
 from dtlab.plan.batch_ramp import ramp_overhead
 from dtlab.plan.case_studies import megatron_175b_stage0_activations_gb
 from dtlab.plan.large_jobs import CAPSTONE_JOBS
-from dtlab.plan.megatron_jobs import GPT3_175B
+from dtlab.plan.megatron_jobs import GPT3_175B, fig13_gpt_162b
 from dtlab.plan.mesh_order import compare_orders, crosses_nodes
 from dtlab.plan.predict import parameters_per_rank, predicted_traffic
 from dtlab.plan.step_time import fastest_plans, step_time
-from dtlab.plan.worked import print_published_steps, print_published_table, print_worked_jobs
+from dtlab.plan.worked import (
+    print_published_steps,
+    print_published_table,
+    print_recipe_ranks,
+    print_worked_jobs,
+)
 from dtlab.quiz import ask, check_exercise
 from dtlab.viz.planner import planner_widget
 
@@ -546,6 +551,29 @@ for software in ("megatron-lm-2021", "current"):
 
 # %%
 ask("system_design.megatron_2021_waited_exchanges")
+
+# %% [markdown]
+# **Where the planner's preference points.** The 2021 paper swept (t, p) for a 162B GPT on 64
+# GPUs and found its peak at t = 8, one server; yet for GPT-3 175B on 384 GPUs the planner puts
+# TP 4 plans ahead of the paper's TP 8 — and NVIDIA's later NeMo recipe for that model is TP 4.
+# Look for: the peak at t = 8 in the sweep (TP 16 and 32 run their all-reduces through the
+# NICs), the bubble a deeper pipeline pays there, and how little it pays with 256 micro-batches.
+
+# %%
+fig13 = fig13_gpt_162b(128)
+for t in (2, 4, 8, 16, 32):
+    s = step_time(fig13, ParallelPlan(1, t, 64 // t, 0, 1, recompute="full"))
+    print(f"162B on 64 GPUs, t {t:>2} p {64 // t:>2}: {s.step_s:6.1f} s, bubble {s.bubble:.0%}")
+for label, plan in (
+    ("paper's", ptd_p),
+    ("TP 4", ParallelPlan(6, 4, 16, 0, 1, 3, recompute="full")),
+):
+    s = step_time(job_2021, replace(plan, sequence_parallel=False))
+    print(f"175B on 384, {label:>7}: {s.step_s:5.1f} s, TP {s.tp_s:.1f} s, bubble {s.bubble:.1%}")
+print_recipe_ranks()
+
+# %%
+ask("system_design.tp_degree_beyond_the_server_rule")
 
 # %% [markdown]
 # **So is a batch ramp.** Runs start with a smaller global batch and grow it

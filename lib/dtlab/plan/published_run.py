@@ -117,13 +117,13 @@ class PlannerVsPublished:
     @property
     def rank_fraction(self) -> float:
         """:attr:`rank` as a share of the passing plans (under 0.25: the fastest quarter)."""
-        return _share_faster(self.passing_steps, self.predicted.step_s)
+        return share_faster(self.passing_steps, self.predicted.step_s)
 
     def rank_fraction_with(self, software: str) -> float:
         """:attr:`rank_fraction` among the plans ``software`` would offer the same job (e.g.
         ``"current"``: how a 2021 layout fares against what came after it)."""
         timed = passing_plans_timed(replace(self.run.job, software=software))
-        return _share_faster([t.step_s for t, _ in timed], self.predicted.step_s)
+        return share_faster([t.step_s for t, _ in timed], self.predicted.step_s)
 
     @property
     def best_mfu_ratio(self) -> float:
@@ -131,7 +131,7 @@ class PlannerVsPublished:
         return self.best.mfu / self.run.mfu_6n
 
 
-def _share_faster(steps, step_s: float) -> float:
+def share_faster(steps, step_s: float) -> float:
     """The share of ``steps`` (sorted, fastest first) faster than ``step_s``."""
     return bisect.bisect_left(steps, step_s) / max(1, len(steps))
 

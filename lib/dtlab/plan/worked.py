@@ -12,7 +12,8 @@ Every number is the planner's model (its assumptions are in each module's docstr
 measurement. :func:`print_published_table` holds the model against published runs
 (:mod:`dtlab.plan.published`): for each, the source, whether the layout passes under the paper's
 policy, the published and predicted step, both MFU bases, the ratio, where the layout ranks among
-the planner's own passing plans, and what the planner's best plan claims::
+the planner's own passing plans, and what the planner's best plan claims; below it, the
+recipes with no step time (:mod:`dtlab.plan.published_recipes`) and where each ranks::
 
     python -m dtlab.plan.worked --published
 """
@@ -33,6 +34,7 @@ from dtlab.plan.published import (
     best_published_mfu_6n,
     compare,
 )
+from dtlab.plan.published_recipes import PUBLISHED_RECIPES, PublishedRecipe, recipe_rank_fraction
 from dtlab.plan.search import first_plan_that_fits
 from dtlab.plan.step_time import StepTime, fastest_plans, step_time
 
@@ -124,6 +126,18 @@ def print_published_table(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> No
     print("|" + "---|" * PUBLISHED_HEADER.count(" | ") + "---|")
     for run in runs:
         print(format_published(compare(run)))
+    print_recipe_ranks()
+
+
+def print_recipe_ranks(recipes: tuple[PublishedRecipe, ...] = PUBLISHED_RECIPES) -> None:
+    """Each recommended layout without a step time, and the share of the planner's passing
+    plans for its job that are faster."""
+    print("\nRecipes (no published step; rank only):")
+    for recipe in recipes:
+        print(
+            f"  {recipe.name}: {recipe.plan.describe()} — "
+            f"{recipe_rank_fraction(recipe):.1%} of the planner's plans faster  [{recipe.source}]"
+        )
 
 
 def print_published_steps(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> None:
