@@ -556,13 +556,16 @@ ask("system_design.megatron_2021_waited_exchanges")
 # **Where the planner's preference points.** The 2021 paper swept (t, p) for a 162B GPT on 64
 # GPUs and found its peak at t = 8, one server; yet for GPT-3 175B on 384 GPUs the planner puts
 # TP 4 plans ahead of the paper's TP 8 — and NVIDIA's later NeMo recipe for that model is TP 4.
-# Look for: the peak at t = 8 in the sweep (TP 16 and 32 run their all-reduces through the
-# NICs), the bubble a deeper pipeline pays there, and how little it pays with 256 micro-batches.
+# Look for: the peak at t = 8 in the sweep at batch 128 (TP 16 and 32 run their all-reduces
+# between nodes), the bubble a deeper pipeline pays there, how little it pays with 256
+# micro-batches and three chunks, and TP 4's fewer TP seconds at 384 GPUs.
 
 # %%
 fig13 = fig13_gpt_162b(128)
 for t in (2, 4, 8, 16, 32):
-    s = step_time(fig13, ParallelPlan(1, t, 64 // t, 0, 1, recompute="full"))
+    s = step_time(
+        fig13, ParallelPlan(1, t, 64 // t, 0, 1, recompute="full", sequence_parallel=False)
+    )
     print(f"162B on 64 GPUs, t {t:>2} p {64 // t:>2}: {s.step_s:6.1f} s, bubble {s.bubble:.0%}")
 for label, plan in (
     ("paper's", ptd_p),

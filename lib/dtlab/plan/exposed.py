@@ -3,7 +3,7 @@
 Per mechanism, what is exposed and what hides it (seconds; bytes from
 :mod:`dtlab.plan.layout_cost` and :mod:`dtlab.plan.wire`; links from the job's hardware):
 
-* **TP + SP** (per micro-batch, NVLink): forward's 2 all-gathers and 2 reduce-scatters per
+* **TP + SP** (per micro-batch, NVLink; a group wider than a node on its nodes' NICs): forward's 2 all-gathers and 2 reduce-scatters per
   layer sit between GEMMs that need their results — exposed, unless ``async_tp`` (collective
   matmul) splits the GEMMs to hide them (then only what outlasts forward's linear GEMMs shows).
   Backward's input-gradient reduce-scatter is not needed by that layer's weight-gradient GEMM,
@@ -84,18 +84,28 @@ def dp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
     return min(nvlink, req.nics * req.nic_bytes_per_s / plan.tp)
 
 
+def tp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
+    """Bus bandwidth (bytes/s per GPU) of this plan's TP collectives: NVLink while the group
+    fits in a node. A group wider than a node (which :func:`~dtlab.plan.problems.plan_problems`
+    refuses, but :func:`~dtlab.plan.step_time.step_time` prices when asked) fills every node it
+    spans — TP ranks are innermost — so its rings cross between nodes on all of a node's NICs,
+    one ring per NIC as :func:`dp_bus_bandwidth_of` prices them: ``min(NVLink, nics · NIC)``,
+    200 GB/s on Selene's eight HDR NICs against NVLink's 300."""
+    nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
+    if plan.tp <= req.gpus_per_node:
+        return nvlink
+    return min(nvlink, req.nics * req.nic_bytes_per_s)
+
+
 def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
-    """All of one micro-batch's TP + SP collectives on one device (forward and backward), on
-    NVLink while the group fits in a node; a group wider than a node (which
-    :func:`~dtlab.plan.problems.plan_problems` refuses, but :func:`~dtlab.plan.step_time.step_time`
-    still prices when asked) runs its rings through the NICs — why Narayanan et al. 2021
-    (Fig. 13) measured their peak at ``tp`` = the GPUs of one server."""
+    """All of one micro-batch's TP + SP collectives on one device (forward and backward), at
+    :func:`tp_bus_bandwidth_of`."""
     if plan.tp == 1:
         return 0.0
     volume = sp_collective_volume_per_layer(
         req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp
     ).bytes_sent_per_rank
-    return volume * layers / group_bandwidth_of(req, plan.tp)
+    return volume * layers / tp_bus_bandwidth_of(req, plan)
 
 
 def tp_exposed(
@@ -200,8 +210,9 @@ def pp_exposed_s(
         return total, fill_and_drain
     gathers = 0.0
     if plan.tp > 1 and not plan.sequence_parallel:
-        nvlink = gpu(req.gpu).nvlink.bandwidth_bytes_per_s
-        gathers = 2 * m * hops / plan.pp * (plan.tp - 1) * hop_bytes / nvlink
+        gathers = (
+            2 * m * hops / plan.pp * (plan.tp - 1) * hop_bytes / tp_bus_bandwidth_of(req, plan)
+        )
     every = total + gathers + fill_and_drain
     return every, every
 

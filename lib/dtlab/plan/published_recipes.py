@@ -6,8 +6,9 @@ recipe among its fastest plans for the same job.
 
 * **NVIDIA NeMo's GPT-3 175B** (NeMo-Framework-Launcher, ``launcher_scripts/conf/training/
   gpt3/175b.yaml`` and ``examples/training/gpt/a100/175b_16node.sh``): the 2021 paper's model
-  (:data:`~dtlab.plan.megatron_jobs.GPT3_175B`) in BF16 on DGX A100 nodes — 128 nodes with a
-  batch of 2,048 sequences, and 16 nodes with 256 — at TP 4, PP 8, interleaving depth 12,
+  (:data:`~dtlab.plan.megatron_jobs.GPT3_175B`) in BF16 — 128 nodes with a batch of 2,048
+  sequences (the yaml names no GPU; priced here on Selene's DGX A100s like the 2021 rows), and
+  16 DGX A100 nodes with 256 (the script under ``a100/``) — at TP 4, PP 8, interleaving depth 12,
   micro-batch 1, sequence parallelism, selective recomputation, pipeline exchanges overlapped,
   and apex's ``distributed_fused_adam`` (optimizer state sharded over DP, a whole gradient
   buffer kept: ZeRO-1). The software is today's (``"current"``). The recipe also overlaps TP's
@@ -17,10 +18,10 @@ recipe among its fastest plans for the same job.
 
 They bear on the 2021 layouts the planner does not rank in its fastest quarter
 (:mod:`dtlab.plan.published`): of the plans it puts ahead of Narayanan et al.'s TP 8 × PP 12,
-the fastest that recompute as that layout did are TP 4 at 384, 768 and 1,536 GPUs — half the
-TP bytes per GPU, wider GEMMs — and the layout NVIDIA later recommended for the same model is
-TP 4 too. (The others ahead are micro-batch 2, other depths and interleavings, and one plan
-that keeps every activation.)
+the fastest that recomputes as that layout did is TP 4 at 384, 768 and 1,536 GPUs — under half
+the TP bytes per GPU, wider GEMMs — and the layout NVIDIA later recommended for the same model
+is TP 4 too. (The others ahead are micro-batch 2, other depths and interleavings, and plans
+that keep every activation: one at 384 GPUs, two at 768 and 1,536.)
 """
 
 from __future__ import annotations
