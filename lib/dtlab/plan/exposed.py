@@ -3,8 +3,9 @@
 Per mechanism, what is exposed and what hides it (seconds; bytes from
 :mod:`dtlab.plan.layout_cost` and :mod:`dtlab.plan.wire`; links from the job's hardware):
 
-* **TP + SP** (per micro-batch, NVLink; a group wider than a node on its nodes' NICs): forward's 2 all-gathers and 2 reduce-scatters per
-  layer sit between GEMMs that need their results — exposed, unless ``async_tp`` (collective
+* **TP + SP** (per micro-batch, NVLink; a group wider than a node on its nodes' NICs,
+  :func:`tp_bus_bandwidth_of`): forward's 2 all-gathers and 2 reduce-scatters per layer sit
+  between GEMMs that need their results — exposed, unless ``async_tp`` (collective
   matmul) splits the GEMMs to hide them (then only what outlasts forward's linear GEMMs shows).
   Backward's input-gradient reduce-scatter is not needed by that layer's weight-gradient GEMM,
   so Megatron-LM launches it asynchronously and runs wgrad meanwhile

@@ -59,16 +59,8 @@ def _nemo_gpt3_175b(nodes: int, batch: int) -> PublishedRecipe:
         global_batch_tokens=batch * 2048,
         software="current",
     )
-    plan = ParallelPlan(
-        dp=gpus // 32,
-        tp=4,
-        pp=8,
-        zero_stage=1,
-        micro_batch_size=1,
-        virtual_stages=12,
-        recompute="selective",
-        sequence_parallel=True,
-    )
+    # dp, TP 4, PP 8, ZeRO-1, micro-batch 1, 12 chunks per device
+    plan = ParallelPlan(gpus // 32, 4, 8, 1, 1, 12, recompute="selective", sequence_parallel=True)
     return PublishedRecipe(job.name, NEMO_SOURCE, job, plan)
 
 
