@@ -473,14 +473,13 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # Priced as a modern per-layer ZeRO-3 (FSDP) those rows would be 1.3–4.1× faster than measured:
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
-# planner's best plan claims (`python -m dtlab.plan.worked --published`). Two results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384 and 768 GPUs rank at 37 and 26 %
-# (goal: the fastest quarter; 1,536's at 24 %, inside it by one plan). Nearly all plans ahead of
-# them also recompute whole layers and are at most 7 %
-# faster — inside the model's own ±15 % — and one or two skip recomputation with a deeper
-# pipeline, which nobody measured. Against today's software they rank 29 / 24 / 19 %, behind
-# plans with selective recomputation, which Korthikanti et al. measured 1.32× faster on this
-# very model.
+# planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
+# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384, 768 and 1,536 GPUs rank at 40, 30
+# and 29 % (goal: the fastest quarter). Most plans ahead of them also recompute whole layers and
+# are at most 7 % faster — inside the model's own ±15 % — and two to four skip recomputation
+# with a deeper pipeline, at up to 99 % of the memory policy, which nobody measured. Against
+# today's software they rank 30 / 24 / 20 %, behind plans with selective recomputation, which
+# Korthikanti et al. measured 1.32× faster on this very model.
 
 # %%
 if FAST:

@@ -32,7 +32,7 @@ measured iteration time where a paper gives one (Korthikanti et al. 2022):
   DDP (ZeRO-0) and, for PTD-P, the interleaved schedule (Sec. 2.2.2) with two chunks per device
   for 175B and none for 1T (depths are this module's reading: with two the 1T stage 0 would
   hold 191 stage outputs of 105 MB each — 2021's schedule kept them until their backward — and
-  need 84 GB, over the 72 GB policy); ZeRO-3 with resharding for the
+  need 84 GB, over the 77.3 GB policy); ZeRO-3 with resharding for the
   ZeRO-3 rows (micro-batch = the whole per-GPU batch, one micro-batch: the paper's batch over
   GPUs). Policy: 90 % of HBM, and no bubble cap (the paper reports throughput whatever the
   bubble).

@@ -21,7 +21,7 @@ They bear on the 2021 layouts the planner does not rank in its fastest quarter
 the fastest that recomputes as that layout did is TP 4 at 384, 768 and 1,536 GPUs — under half
 the TP bytes per GPU, wider GEMMs — and the layout NVIDIA later recommended for the same model
 is TP 4 too. (The others ahead are micro-batch 2, other depths and interleavings, and plans
-that keep every activation: one at 384 GPUs, two at 768 and 1,536.)
+that keep every activation: two at 384 GPUs, four at 768 and 1,536.)
 """
 
 from __future__ import annotations
