@@ -438,13 +438,14 @@ print(
 #   must hide behind compute (prefetch, units neither too small nor too large). Combine with
 #   tensor/pipeline parallelism (labs 04–05) when a single layer or the activations do not fit.
 #
-# Eight 80 GB GPUs, mixed Adam, model state only (activations come on top — lab 09):
+# Eight 80 GB GPUs, mixed Adam, model state only (activations come on top — lab 09). A
+# datasheet's "80 GB" of HBM is 80 GiB, 85.9 GB in the decimal GB printed here.
 
 # %%
 for billions in (1.3, 7, 70):
     rows = stage_table(int(billions * 1e9), 8)
     cells = "  ".join(f"{row['name']} {row['total'] / GB:7.1f}" for row in rows)
-    fits = [row["name"] for row in rows if row["total"] <= 80 * GB]
+    fits = [row["name"] for row in rows if row["total"] <= 80 * 2**30]
     print(f"{billions:>5}B: {cells} GB/rank → fits: {', '.join(fits) or 'none'}")
 
 # %% [markdown]

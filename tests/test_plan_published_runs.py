@@ -25,23 +25,24 @@ as they ran (the 2021 ones and Korthikanti's full-recomputation baselines withou
 **Baseline** rows — the ZeRO-3 rows Narayanan et al. beat, the full-recomputation rows
 Korthikanti et al. beat — are held to ±15 % but not to the rank goal.
 
-The rank goal is missed by two GPT-3 175B PTD-P rows of 2021, pinned below with both lenses
-(and the other 2021 rows' rank against today's software; no constant was retuned to win them
-back; a change that moves them fails here and must update the pins and the README). The 384- / 768- / 1,536-GPU layouts rank 37 / 26 / 24 % among 2021's
-plans (52 / 41 / 36 % before the model priced three things that software did: every pipeline
-exchange waited on, 20 B of model state per parameter, and the rerun layer's working set) —
-the 1,536-GPU row inside the goal by one plan, the 768-GPU row outside it by one: ranks among
-near-equal plans move with any small change. Within 2021's software every plan ahead but one or
-two also recomputes whole layers and is up to 7 % faster (micro-batch 2, TP 4, other depths and
-interleavings: inside the model's own ±15 %); the others skip recomputation with a deeper
-pipeline (1F1B's stage 0 holds ``L`` layers' activations whatever ``pp`` is, so deepening it
-frees model state until they fit: at 384 GPUs TP 8 × PP 48, 68.6 of 72 GB, 1.19× faster),
-which no paper measured. With today's software the published layouts rank 29 / 24 / 19 %; most
-plans ahead of them use selective recomputation and sequence parallelism, which Korthikanti et
-al. measured 1.32× faster on this model and cluster. The best-plan cap is held against the best
-published MFU of the same model on the same GPU
-(:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given today's software
-picks TP 8 with selective recomputation at 57.1 %, 1.03× the 55.5 % Korthikanti et al. ran.
+The rank goal is missed by the three GPT-3 175B PTD-P rows of 2021, pinned below with both
+lenses (and the 1T row's rank against today's software; no constant was retuned to win them
+back; a change that moves them fails here and must update the pins and the README). The 384- /
+768- / 1,536-GPU layouts rank 40 / 30 / 29 % among 2021's plans (52 / 41 / 36 % before the
+model priced three things that software did — every pipeline exchange waited on, 20 B of model
+state per parameter, the rerun layer's working set — and 37 / 26 / 24 % until HBM was read as
+GiB, 77.3 GB usable instead of 72): ranks among near-equal plans move with any small change.
+Within 2021's software most plans ahead also recompute whole layers and are up to 7 % faster
+(micro-batch 2, TP 4, other depths and interleavings: inside the model's own ±15 %); two to
+four skip recomputation with a deeper pipeline (1F1B's stage 0 holds ``L`` layers'
+activations whatever ``pp`` is, so deepening it frees model state until they fit: TP 8 × PP 24
+at 76.4 of 77.3 GB, 1.23–1.28× faster), which no paper measured. With today's software the
+published layouts rank 30 / 24 / 20 %; most plans ahead of them use selective recomputation and
+sequence parallelism, which Korthikanti et al. measured 1.32× faster on this model and
+cluster. The best-plan cap is held against the best published MFU of the same model on the same
+GPU (:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given today's
+software picks TP 8 with selective recomputation at 57.1 %, 1.03× the 55.5 % Korthikanti et
+al. ran.
 """
 
 from __future__ import annotations
