@@ -177,3 +177,24 @@ def test_at_batch_32_the_model_ties_tp_8_and_16_where_the_paper_measured_8_ahead
     steps = _fig13_steps(32)
     assert min((2, 4, 8), key=steps.get) == 8, steps
     assert steps[16] == pytest.approx(steps[8], rel=0.01), steps
+
+
+@pytest.mark.parametrize("batch", [32, 128, 512])
+def test_trading_data_parallelism_for_pipeline_or_tensor_parallelism_slows_the_step(batch):
+    """Narayanan et al. 2021, Figs. 14 and 15: for the 5.9B GPT on 64 A100s, throughput fell as
+    the pipeline (``(p, d)`` = (2, 32) … (32, 2)) or the tensor-parallel group (``(t, d)``, the
+    same degrees) grew in place of data parallelism, at every batch — a deeper pipeline idles
+    more, a wider TP group all-reduces every layer (between nodes past 8)."""
+    from dtlab.plan.megatron_jobs import fig14_gpt_5_9b
+
+    job = fig14_gpt_5_9b(batch)
+
+    def step(dp, tp, pp):
+        plan = ParallelPlan(dp, tp, pp, 0, 1, recompute="full", sequence_parallel=False)
+        return step_time(job, plan).step_s
+
+    degrees = (2, 4, 8, 16, 32)
+    by_pp = [step(64 // p, 1, p) for p in degrees]
+    by_tp = [step(64 // t, t, 1) for t in degrees]
+    assert by_pp == sorted(by_pp) and len(set(by_pp)) == len(by_pp), by_pp
+    assert by_tp == sorted(by_tp) and len(set(by_tp)) == len(by_tp), by_tp

@@ -14,6 +14,9 @@ flash attention: the scores go through HBM (``flash_attention=False``).
 * :func:`fig13_gpt_162b` — the 32-layer, h 20,480, 128-head GPT (162.2B) of Narayanan et al.
   2021's Fig. 13 on 64 GPUs, which swept (t, p) at batch 32 and 128 and measured its peak at
   ``t = 8``, the GPUs of one server.
+* :func:`fig14_gpt_5_9b` — the 32-layer, h 3,840, 32-head GPT (5.9B) of Figs. 14 and 15 on 64
+  GPUs, which traded data parallelism for pipeline (Fig. 14) or tensor (Fig. 15) parallelism
+  at batch 32, 128 and 512 and measured throughput falling as either grew.
 
 Policy (each paper's, as far as it states one): 90 % of HBM planned, no bubble cap (the papers
 report throughput whatever the bubble), and the software of the 2021 paper
@@ -77,4 +80,12 @@ def fig13_gpt_162b(batch: int) -> Requirements:
     """Narayanan et al. 2021, Fig. 13's job: the 162.2B GPT on 64 GPUs with ``batch`` sequences
     (32 or 128), swept over ``(t, p)`` with ``t·p = 64`` and no data parallelism."""
     job = selene_gpt(f"GPT 162B, batch {batch}, 64 A100", 32, 20480, 128, 64)
+    return replace(job, global_batch_tokens=batch * 2048)
+
+
+def fig14_gpt_5_9b(batch: int) -> Requirements:
+    """Narayanan et al. 2021, Figs. 14 and 15's job: the 5.9B GPT on 64 GPUs with ``batch``
+    sequences (32, 128 or 512), micro-batch 1, swept over ``(p, d)`` and ``(t, d)`` with
+    ``p·d = t·d = 64``."""
+    job = selene_gpt(f"GPT 5.9B, batch {batch}, 64 A100", 32, 3840, 32, 64)
     return replace(job, global_batch_tokens=batch * 2048)
