@@ -439,7 +439,8 @@ print(
 #   tensor/pipeline parallelism (labs 04–05) when a single layer or the activations do not fit.
 #
 # Eight 80 GB GPUs, mixed Adam, model state only (activations come on top — lab 09). A
-# datasheet's "80 GB" of HBM is 80 GiB, 85.9 GB in the decimal GB printed here.
+# datasheet's "80 GB" of HBM is about 80 GiB: 85.9 GB in the decimal GB printed here on an
+# A100 (81,920 MiB), 85.5 on an H100.
 
 # %%
 for billions in (1.3, 7, 70):

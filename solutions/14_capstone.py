@@ -333,7 +333,7 @@ def choose_plan(req: Requirements) -> ParallelPlan:
 check_exercise("capstone.choose_plan", choose_plan, cluster)
 
 # %% [markdown]
-# Your plans, with the numbers that justify them. Look for: memory under the 77.3 GB usable, and
+# Your plans, with the numbers that justify them. Look for: memory under the ~77 GB usable, and
 # **no pipeline** in any of them — once ZeRO shards the optimizer state (or, at 70B, everything:
 # ZeRO-3, i.e. FSDP) and TP splits the layers, the model fits, so a pipeline would only add its
 # bubble. PP earns its place when TP within a node and ZeRO together cannot fit (hundreds of

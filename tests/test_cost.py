@@ -56,10 +56,10 @@ def test_gpu_table_quotes_dense_bf16_and_knows_sparse_is_double():
     assert [
         hardware.gpu(n).hbm_bytes for n in ("a100_40gb", "a100_80gb", "h100_sxm", "h200_sxm")
     ] == [
-        40 * 2**30,  # HBM capacities are binary (the module docstring)
-        80 * 2**30,
-        80 * 2**30,
-        141 * 2**30,
+        40960 * 2**20,  # HBM capacities: nvidia-smi's totals in MiB (the module docstring)
+        81920 * 2**20,
+        81559 * 2**20,
+        143771 * 2**20,
     ]
     assert h200.hbm_bandwidth_bytes_per_s > h100.hbm_bandwidth_bytes_per_s
 

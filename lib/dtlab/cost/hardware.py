@@ -2,11 +2,12 @@
 
 Units: bandwidths are decimal bytes per second (1 GB/s = 1e9 B/s), link bandwidths are **per
 direction** (one GPU sending to the other while the reverse direction is equally busy), FLOP/s are
-per GPU, and **HBM capacities are binary**: a datasheet's "80 GB" of HBM is 80 GiB
-(85.9e9 bytes), because DRAM dies come in binary densities — five 16 GiB stacks make the A100's
-and H100's 80 — and ``nvidia-smi`` reports them so (81,920 MiB on an A100 80GB, 81,559 MiB on
-an H100 SXM, a few hundred MiB kept back; 143,771 MiB on an H200). H200's 141 and B200's 180 are
-the GiB enabled of the 144 and 192 built. Until 2026-11 dtlab read them as decimal (80e9), 7 %
+per GPU, and **HBM capacities are what the driver reports**, in binary units: a datasheet's
+"80 GB" of HBM is about 80 GiB, not 80e9 bytes — DRAM dies come in binary densities, five 16 GiB
+stacks make the A100's and H100's 80 — and ``nvidia-smi`` shows each board's total in MiB:
+40,960 (A100 40GB), 81,920 (A100 80GB: 85.9e9 bytes), 81,559 (H100 SXM; the H800 is the same
+board memory), 143,771 (H200, "141 GB") and 183,359 (B200, "180 GB"), as published
+``nvidia-smi`` outputs of these GPUs read. Until 2026-11 dtlab read them as decimal (80e9), 7 %
 short of what a plan can use.
 
 Latencies (``alpha_s``) are order-of-magnitude figures for a NCCL/MPI message over that fabric,
@@ -69,7 +70,7 @@ from dataclasses import dataclass
 from dtlab.cost.alpha_beta import Link
 
 GB = 1e9
-GIB = 2**30
+MIB = 2**20
 TFLOP = 1e12
 
 NVLINK4_H100 = Link(alpha_s=2e-6, bandwidth_bytes_per_s=450 * GB, name="NVLink4 (H100 SXM)")
@@ -111,7 +112,7 @@ class GPUSpec:
         bf16_dense_flops: dense BF16/FP16 tensor-core FLOP/s — the number MFU is measured against.
         bf16_sparse_flops: the 2:4 structured-sparsity figure (2× dense), for recognising it.
         fp8_dense_flops: dense FP8 FLOP/s, or ``None`` where the GPU has no FP8 tensor cores.
-        hbm_bytes: memory capacity in bytes (the datasheet figure in GiB, module docstring).
+        hbm_bytes: memory capacity in bytes, as the driver reports it (module docstring).
         hbm_bandwidth_bytes_per_s: memory bandwidth in decimal bytes per second.
         nvlink: the GPU's NVLink, per direction.
         host_link: the GPU's PCIe link to host memory, per direction (what a device-to-host
@@ -133,11 +134,11 @@ class GPUSpec:
 
 
 A100_40GB = GPUSpec(
-    "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40 * GIB, 1555 * GB, NVLINK3_A100,
+    "A100 SXM4 40GB", 312 * TFLOP, 624 * TFLOP, None, 40960 * MIB, 1555 * GB, NVLINK3_A100,
     PCIE_GEN4_X16, sm_count=108,
 )  # fmt: skip
 A100_80GB = GPUSpec(
-    "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 80 * GIB, 2039 * GB, NVLINK3_A100,
+    "A100 SXM4 80GB", 312 * TFLOP, 624 * TFLOP, None, 81920 * MIB, 2039 * GB, NVLINK3_A100,
     PCIE_GEN4_X16, sm_count=108,
 )  # fmt: skip
 H100_SXM = GPUSpec(
@@ -145,7 +146,7 @@ H100_SXM = GPUSpec(
     989.4 * TFLOP,
     1978.9 * TFLOP,
     1978.9 * TFLOP,
-    80 * GIB,
+    81559 * MIB,
     3350 * GB,
     NVLINK4_H100,
     sm_count=132,
@@ -155,7 +156,7 @@ H200_SXM = GPUSpec(
     989.4 * TFLOP,
     1978.9 * TFLOP,
     1978.9 * TFLOP,
-    141 * GIB,
+    143771 * MIB,
     4800 * GB,
     NVLINK4_H100,
     sm_count=132,
@@ -166,7 +167,7 @@ H800_SXM = GPUSpec(
     989.4 * TFLOP,
     1978.9 * TFLOP,
     1978.9 * TFLOP,
-    80 * GIB,
+    81559 * MIB,
     3350 * GB,
     NVLINK_H800,
     sm_count=132,
@@ -176,7 +177,7 @@ B200 = GPUSpec(
     2250 * TFLOP,
     4500 * TFLOP,
     4500 * TFLOP,
-    180 * GIB,
+    183359 * MIB,
     7700 * GB,
     NVLINK5_B200,
     PCIE_GEN5_X16,

@@ -113,7 +113,7 @@ def plan_problems(req: Requirements, plan: ParallelPlan) -> list[str]:
             f"{memory.model_state / 1e9:.1f} + activations {memory.activations / 1e9:.1f}; "
             f"{memory.summary()}) but the memory policy leaves {usable / 1e9:.1f} GB usable "
             f"(usable_memory_fraction={req.usable_memory_fraction:g} of "
-            f"{gpu(req.gpu).hbm_bytes / 2**30:.0f} GiB = {gpu(req.gpu).hbm_bytes / 1e9:.1f} GB): "
+            f"{gpu(req.gpu).hbm_bytes / 2**30:.1f} GiB = {gpu(req.gpu).hbm_bytes / 1e9:.1f} GB): "
             f"{over / 1e9:.1f} GB ({over / usable:.0%}) "
             "over; shard more (tp, pp, ep, ZeRO), cut activations (cp, recompute) or relax the "
             "policy"

@@ -18,8 +18,8 @@ categories per stage, and the dashed line is one device's memory: a bar above it
 even before activations (which these formulas leave out; see :mod:`dtlab.memory.formulas`).
 Sizes are decimal GB (10⁹ bytes), as interview numbers are quoted: 7B × 16 B = 112 GB. The
 device line is the figure typed into ``device_gb``, in the same units; a datasheet's "80 GB" of
-HBM is 80 GiB, 85.9 of these GB (:mod:`dtlab.cost.hardware`), so the default of 80 errs 7 % on
-the safe side — type 85.9 to draw the whole HBM.
+HBM is about 80 GiB, 85.5–85.9 of these GB (:mod:`dtlab.cost.hardware`), so the default of 80
+errs 7 % on the safe side — type 85.9 to draw an A100's whole HBM.
 
     calc = memory_calculator(num_params=7e9, world_size=8)
     calc                    # in a notebook: the widgets, table and bars
