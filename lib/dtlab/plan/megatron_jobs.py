@@ -55,9 +55,11 @@ GPT3_175B = Requirements(
 )
 
 
-def selene_gpt(name: str, layers: int, hidden: int, heads: int, gpus: int) -> Requirements:
-    """GPT-3 175B's job with another shape, on ``gpus`` GPUs with a batch of as many sequences
-    (overridden where a paper's batch differs)."""
+def selene_gpt(
+    name: str, layers: int, hidden: int, heads: int, gpus: int, batch: int | None = None
+) -> Requirements:
+    """GPT-3 175B's job with another shape, on ``gpus`` GPUs with a batch of ``batch``
+    sequences (default: as many as GPUs)."""
     return replace(
         GPT3_175B,
         name=name,
@@ -65,7 +67,7 @@ def selene_gpt(name: str, layers: int, hidden: int, heads: int, gpus: int) -> Re
         n_layers=layers,
         d_model=hidden,
         n_heads=heads,
-        global_batch_tokens=gpus * 2048,
+        global_batch_tokens=(batch or gpus) * 2048,
         n_gpus=gpus,
     )
 
@@ -79,13 +81,11 @@ SELENE_MODELS = (GPT3_175B, MT_NLG_530B, GPT_1T)
 def fig13_gpt_162b(batch: int) -> Requirements:
     """Narayanan et al. 2021, Fig. 13's job: the 162.2B GPT on 64 GPUs with ``batch`` sequences
     (32 or 128), swept over ``(t, p)`` with ``t·p = 64`` and no data parallelism."""
-    job = selene_gpt(f"GPT 162B, batch {batch}, 64 A100", 32, 20480, 128, 64)
-    return replace(job, global_batch_tokens=batch * 2048)
+    return selene_gpt(f"GPT 162B, batch {batch}, 64 A100", 32, 20480, 128, 64, batch)
 
 
 def fig14_gpt_5_9b(batch: int) -> Requirements:
     """Narayanan et al. 2021, Figs. 14 and 15's job: the 5.9B GPT on 64 GPUs with ``batch``
     sequences (32, 128 or 512), micro-batch 1, swept over ``(p, d)`` and ``(t, d)`` with
     ``p·d = t·d = 64``."""
-    job = selene_gpt(f"GPT 5.9B, batch {batch}, 64 A100", 32, 3840, 32, 64)
-    return replace(job, global_batch_tokens=batch * 2048)
+    return selene_gpt(f"GPT 5.9B, batch {batch}, 64 A100", 32, 3840, 32, 64, batch)

@@ -11,9 +11,10 @@ device (stages need not be equal), this model adds up:
   what shows) — TP's forward collectives (backward's hide behind the weight-gradient GEMMs),
   CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
   them, or only what outlasts a micro-batch's compute under DualPipe), PP's fill and drain hops
-  (every exchange, where the software waits on each), and the DP sync on device 0 beyond the backward that follows its gradients there (ZeRO-2/3:
-  per micro-batch, with prefetch; DeepSpeed 2021's per-parameter ZeRO-3 adds its host loops and
-  ring latencies, :mod:`dtlab.plan.zero3_per_parameter`);
+  (every exchange, where the software waits on each), and the DP sync on device 0 beyond the
+  backward that follows its gradients there (ZeRO-2/3: per micro-batch, with prefetch;
+  DeepSpeed 2021's per-parameter ZeRO-3 adds its host loops and ring latencies,
+  :mod:`dtlab.plan.zero3_per_parameter`);
 * **the schedule's idle time** (:func:`dtlab.cost.bubble.schedule_idle`: 1F1B, interleaved,
   ZB-H1, DualPipe/DualPipeV) from those ``F``, ``B``, ``W`` with their exposed communication.
 
