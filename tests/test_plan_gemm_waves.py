@@ -163,3 +163,38 @@ def test_every_gpu_preset_states_its_gemm_ceiling():
 def test_gemm_sizes_must_be_positive():
     with pytest.raises(ValueError, match="must be > 0"):
         gemm_efficiency("h100_sxm", 0, 128, 128)
+
+
+def test_each_backward_gemm_is_priced_at_its_own_shape():
+    """dgrad ``dY·Wᵀ`` and wgrad ``Xᵀ·dY`` carry a forward GEMM's FLOPs with their own outputs:
+    for GPT-3 175B at TP 8 on an A100 (108 SMs) the forward QKV output (2,048 × 4,608, 576
+    tiles) runs 5.3 waves as 6, its wgrad output (12,288 × 4,608, 3,456 tiles) exactly 32 — so
+    the micro-batch's weight-gradient seconds come out below its forward linear seconds."""
+    from dataclasses import replace
+
+    from dtlab.plan.compute import (
+        PASSES,
+        layer_efficiency,
+        layer_gemms,
+        micro_batch_compute,
+        pass_gemms,
+    )
+    from dtlab.plan.megatron_jobs import GPT3_175B
+    from dtlab.plan.parallel_plan import ParallelPlan
+
+    job = replace(GPT3_175B, n_gpus=384)
+    plan = ParallelPlan(4, 8, 12, 0, 1, 2, recompute="full", sequence_parallel=False)
+    forward = layer_gemms(job, plan)
+    qkv = forward[0]
+    assert pass_gemms([qkv], "input_grad") == [(2048, 4608, 12288)]
+    assert pass_gemms([qkv], "weight_grad") == [(12288, 2048, 4608)]
+    for p in PASSES:  # the same FLOPs in every pass
+        assert [m * k * n for m, k, n in pass_gemms(forward, p)] == [
+            m * k * n for m, k, n in forward
+        ]
+    assert gemm_waves("a100_80gb", 2048, 4608) == 6 and gemm_waves("a100_80gb", 12288, 4608) == 32
+    by_pass = {p: layer_efficiency(job, plan, p) for p in PASSES}
+    assert by_pass["forward"] < by_pass["input_grad"] < by_pass["weight_grad"]
+    assert by_pass["forward"] < layer_efficiency(job, plan) < by_pass["weight_grad"]
+    c = micro_batch_compute(job, plan, 0)
+    assert c.weight_grad_s < c.forward_s - c.attention_forward_s

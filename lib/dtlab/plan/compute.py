@@ -11,12 +11,15 @@ shapes (:func:`dtlab.plan.gemm.gemm_efficiency`: waves of output tiles on the SM
 (w + 2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` —
 ``n = b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's
 routed experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens
-each (balanced routing over the EP group). The flop-weighted harmonic mean of those is the
-layer's efficiency; memory-bound kernels add :data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD`.
-Backward's GEMMs — dgrad ``(n, out, in)`` and wgrad ``(in, n, out)`` of each forward ``(n, in,
-out)`` — are priced at the forward shapes' efficiency (a simplification, stated: their own tile
-counts differ; at the published runs' shapes pricing all three moves the layer efficiency by
-under 1 % on Hopper and up to +3 % for Megatron's A100 PTD-P layers, 0.70 → 0.72).
+each (balanced routing over the EP group). Backward runs two GEMMs per forward one ``(n, in,
+out)`` — dgrad ``(n, out, in)`` (the input gradient ``dY·Wᵀ``) and wgrad ``(in, n, out)`` (the
+weight gradient ``Xᵀ·dY``) — with the same FLOPs but their own outputs, so their own tile counts
+and waves: each pass is priced at its own GEMMs' shapes (:func:`pass_gemms`), the flop-weighted
+harmonic mean of its GEMMs' efficiencies, and so is the output head ``(n, d, V/t)``. Wave
+quantisation differs by pass: for GPT-3 175B at TP 8 on an A100 (108 SMs) the forward QKV
+GEMM's ``2,048 × 4,608`` output is 576 tiles, 5.3 waves run as 6, while its wgrad's ``12,288 ×
+4,608`` is 3,456 tiles, exactly 32 waves. Memory-bound kernels add
+:data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` of each pass's GEMM time.
 
 **Attention** (the convention, stated): causal, so half the ``s × s`` square — forward ``2·s·w``
 FLOPs per token and layer (``Q·Kᵀ`` and ``A·V`` at ``s·w`` each over the half square), backward
@@ -77,21 +80,47 @@ def layer_gemms(req: Requirements, plan: ParallelPlan) -> list[tuple[float, floa
     return gemms
 
 
-@lru_cache(maxsize=4096)
-def layer_efficiency(req: Requirements, plan: ParallelPlan) -> float:
-    """The flop-weighted harmonic mean of :func:`layer_gemms`' efficiencies, as a share of the
-    dense peak of the job's GEMM dtype (FP8 or BF16: :func:`dtlab.plan.gemm.gemm_peak_flops`)."""
-    flops = [m * k * n for m, k, n in layer_gemms(req, plan)]
+PASSES = ("forward", "input_grad", "weight_grad")
+"""A linear layer's three GEMMs: forward ``X·W``, dgrad ``dY·Wᵀ``, wgrad ``Xᵀ·dY``."""
+
+
+def pass_gemms(
+    forward: list[tuple[float, float, float]], which: str
+) -> list[tuple[float, float, float]]:
+    """The ``(m, k, n)`` GEMMs of pass ``which`` of forward GEMMs ``(n, in, out)``: the same
+    FLOPs, each with its own output (dgrad ``n × in`` over ``out``; wgrad ``in × out`` over the
+    ``n`` tokens)."""
+    shapes = {
+        "forward": lambda m, k, n: (m, k, n),
+        "input_grad": lambda m, k, n: (m, n, k),
+        "weight_grad": lambda m, k, n: (k, m, n),
+    }[which]
+    return [shapes(*gemm) for gemm in forward]
+
+
+def gemms_efficiency(gpu_name: str, gemms: list[tuple[float, float, float]], dtype: str) -> float:
+    """The flop-weighted harmonic mean of ``gemms``' efficiencies (their FLOPs over their time)."""
+    flops = [m * k * n for m, k, n in gemms]
     times = [
-        f / gemm_efficiency(req.gpu, *shape, dtype=req.gemm_dtype)
-        for f, shape in zip(flops, layer_gemms(req, plan), strict=True)
+        f / gemm_efficiency(gpu_name, *g, dtype=dtype) for f, g in zip(flops, gemms, strict=True)
     ]
     return sum(flops) / sum(times)
 
 
-def gemm_flops_per_second(req: Requirements, plan: ParallelPlan) -> float:
-    """What this plan's layer GEMMs sustain on one GPU, FP8 or BF16 as the job says."""
-    return gemm_peak_flops(req.gpu, req.gemm_dtype) * layer_efficiency(req, plan)
+@lru_cache(maxsize=4096)
+def layer_efficiency(req: Requirements, plan: ParallelPlan, which: str | None = None) -> float:
+    """:func:`layer_gemms`' efficiency in pass ``which`` (one of :data:`PASSES`), or over all three
+    (``None``: forward, dgrad and wgrad, equal FLOPs each), as a share of the dense peak of the
+    job's GEMM dtype (FP8 or BF16: :func:`dtlab.plan.gemm.gemm_peak_flops`)."""
+    forward = layer_gemms(req, plan)
+    gemms = [g for p in ((which,) if which else PASSES) for g in pass_gemms(forward, p)]
+    return gemms_efficiency(req.gpu, gemms, req.gemm_dtype)
+
+
+def gemm_flops_per_second(req: Requirements, plan: ParallelPlan, which: str | None = None) -> float:
+    """What this plan's layer GEMMs sustain on one GPU in pass ``which`` (all three: ``None``),
+    FP8 or BF16 as the job says."""
+    return gemm_peak_flops(req.gpu, req.gemm_dtype) * layer_efficiency(req, plan, which)
 
 
 def linear_params_per_layer(req: Requirements) -> float:
@@ -137,14 +166,25 @@ def micro_batch_compute(req: Requirements, plan: ParallelPlan, device: int) -> M
 
 
 @lru_cache(maxsize=16384)
-def _unit_seconds(req: Requirements, plan: ParallelPlan) -> tuple[float, float, float]:
-    """Forward seconds of one layer's linear part, one layer's attention, one output head, for
-    one micro-batch on one GPU (module docstring)."""
+def _unit_seconds(
+    req: Requirements, plan: ParallelPlan
+) -> tuple[tuple[float, ...], float, tuple[float, ...]]:
+    """Seconds of one layer's linear part in each of :data:`PASSES`, of one layer's attention
+    forward, and of the output head in each pass, for one micro-batch on one GPU (module
+    docstring)."""
     n = tokens_per_micro_batch(req, plan)
     sms = 1 - req.comm_sm_fraction
-    per_flop = (1 + NON_GEMM_OVERHEAD) / (gemm_flops_per_second(req, plan) * sms)
-    layer = 2 * linear_params_per_layer(req) * n / plan.tp * per_flop
-    head = 2 * req.vocab_size * req.d_model * n / plan.tp * per_flop
+    per_flop = (1 + NON_GEMM_OVERHEAD) / (gemm_peak_flops(req.gpu, req.gemm_dtype) * sms)
+    layer_flops = 2 * linear_params_per_layer(req) * n / plan.tp
+    head_flops = 2 * req.vocab_size * req.d_model * n / plan.tp
+    head_gemm = [(n, req.d_model, req.vocab_size / plan.tp)]
+    layer = tuple(layer_flops * per_flop / layer_efficiency(req, plan, p) for p in PASSES)
+    head = tuple(
+        head_flops * per_flop / gemms_efficiency(req.gpu, pass_gemms(head_gemm, p), req.gemm_dtype)
+        if req.vocab_size
+        else 0.0
+        for p in PASSES
+    )
     attention_flops = 2 * req.seq_len * req.attn_width * n / plan.tp
     attention = attention_flops / (gpu(req.gpu).bf16_dense_flops * ATTENTION_EFFICIENCY * sms)
     if not req.flash_attention:  # separate kernels: the scores go through HBM
@@ -163,14 +203,16 @@ def _stage_compute(req: Requirements, plan: ParallelPlan, stage: int) -> MicroBa
         layers += req.mtp_layers
         heads = 1 + req.mtp_layers
     layer_s, attention_layer_s, head_s = _unit_seconds(req, plan)
-    linear_s = layer_s * layers + head_s * heads
+    forward, dgrad, wgrad = (
+        lay * layers + head * heads for lay, head in zip(layer_s, head_s, strict=True)
+    )
     attention_s = attention_layer_s * layers
     core_rerun = 0.0 if req.counts_tensors or req.flash_attention else attention_s
-    rerun = {"none": 0.0, "selective": core_rerun, "full": attention_s + linear_s}[plan.recompute]
+    rerun = {"none": 0.0, "selective": core_rerun, "full": attention_s + forward}[plan.recompute]
     return MicroBatchCompute(
-        forward_s=linear_s + attention_s,
-        input_grad_s=linear_s + 2 * attention_s + rerun,
-        weight_grad_s=linear_s,
+        forward_s=forward + attention_s,
+        input_grad_s=dgrad + 2 * attention_s + rerun,
+        weight_grad_s=wgrad,
         attention_forward_s=attention_s,
         recompute_s=rerun,
         layers=layers,
