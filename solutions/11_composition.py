@@ -462,8 +462,8 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # and the throughput it reported, turned into a step time under the paper's own FLOP convention.
 # Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
 # causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
-# (0.89–0.93), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.94–1.05), Korthikanti's seven
-# (1.00–1.12), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
+# (0.89–0.94), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.97–1.07), Korthikanti's seven
+# (1.00–1.14), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
 # the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
 # tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
 # row at 38 % on the attention-counting basis but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07)
@@ -474,11 +474,11 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
 # planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384, 768 and 1,536 GPUs rank at 34, 28
+# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384, 768 and 1,536 GPUs rank at 39, 31
 # and 27 % (goal: the fastest quarter). Most plans ahead of them also recompute whole layers and
-# are at most 6 % faster — inside the model's own ±15 % — and two to four skip recomputation
+# are at most 8 % faster — inside the model's own ±15 % — and two to four skip recomputation
 # with a deeper pipeline, at up to 99 % of the memory policy, which nobody measured. Against
-# today's software they rank 29 / 24 / 20 %, behind plans with selective recomputation, which
+# today's software they rank 31 / 26 / 21 %, behind plans with selective recomputation, which
 # Korthikanti et al. measured 1.32× faster on this very model.
 
 # %%

@@ -10,7 +10,7 @@ transposed input — ten in one CUDA graph, CUDA-event timing, median of 5, as i
 
 Tolerance: each pass's layer efficiency within :data:`dtlab.plan.constants.H200_GEMM_MODEL_FACTOR`
 of the measurement, the model's stated worst residual on square GEMMs. These are the shapes the
-planner's A100 and Hopper rows are priced at (``K`` 1,536–12,288, outputs of 192–4,608 tiles), so
+planner's A100 and Hopper rows are priced at (``K`` 1,536–12,288, outputs of 192–9,216 tiles), so
 a GPU outside it says the wave model misprices training-shaped GEMMs, which the 2021 GPT-3 175B
 ranks (TP 4 against TP 8) lean on."""
 

@@ -196,5 +196,8 @@ def test_each_backward_gemm_is_priced_at_its_own_shape():
     by_pass = {p: layer_efficiency(job, plan, p) for p in PASSES}
     assert by_pass["forward"] < by_pass["input_grad"] < by_pass["weight_grad"]
     assert by_pass["forward"] < layer_efficiency(job, plan) < by_pass["weight_grad"]
-    c = micro_batch_compute(job, plan, 0)
-    assert c.weight_grad_s < c.forward_s - c.attention_forward_s
+    c = micro_batch_compute(job, replace(plan, sequence_parallel=True), 0)  # no redundant norms
+    dgrad = c.input_grad_s - 2 * c.attention_forward_s - c.recompute_s
+    assert c.weight_grad_s < dgrad < c.forward_s - c.attention_forward_s
+    assert dgrad / c.weight_grad_s == pytest.approx(by_pass["weight_grad"] / by_pass["input_grad"])
+    assert c.recompute_s == pytest.approx(c.forward_s)  # full recomputation reruns the forward

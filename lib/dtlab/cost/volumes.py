@@ -135,7 +135,10 @@ def sp_collective_volume_per_layer(
     """Megatron TP + sequence parallel: every all-reduce becomes reduce-scatter + all-gather.
 
     Forward: 2 all-gathers (into attention and MLP) + 2 reduce-scatters (out of them); backward
-    the same again, so 8 collectives each sending ``(t-1)/t · s·b·h·e``: equal to plain TP.
+    the same again, so 8 collectives each sending ``(t-1)/t · s·b·h·e``: equal to plain TP
+    (Korthikanti et al. 2022, Sec. 4.2.2). Megatron-LM's implementation adds two more in
+    backward, re-gathering the LayerNorm outputs it stored sharded; the planner counts them
+    (:data:`dtlab.plan.exposed.SP_BACKWARD_REGATHERS`), this textbook count does not.
     """
     _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, tp=tp)
     count = 8 if backward else 4

@@ -19,7 +19,11 @@ harmonic mean of its GEMMs' efficiencies, and so is the output head ``(n, d, V/t
 quantisation differs by pass: for GPT-3 175B at TP 8 on an A100 (108 SMs) the forward QKV
 GEMM's ``2,048 × 4,608`` output is 576 tiles, 5.3 waves run as 6, while its wgrad's ``12,288 ×
 4,608`` is 3,456 tiles, exactly 32 waves. Memory-bound kernels add
-:data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` of each pass's GEMM time.
+:data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` of each pass's GEMM time, as if sharded like the
+GEMMs; without sequence parallelism every TP rank runs the LayerNorms and dropouts on the whole
+sequence, and the redundant ``(t − 1)/t`` of them is priced from their bytes at HBM bandwidth
+(:data:`~dtlab.plan.constants.REPLICATED_BYTES_PER_TOKEN`, forward and input-gradient backward;
+checked against Korthikanti et al. 2022's Table 4, :mod:`dtlab.plan.published_layer_times`).
 
 **Attention** (the convention, stated): causal, so half the ``s × s`` square — forward ``2·s·w``
 FLOPs per token and layer (``Q·Kᵀ`` and ``A·V`` at ``s·w`` each over the half square), backward
@@ -55,7 +59,12 @@ from dataclasses import astuple, dataclass
 from functools import lru_cache
 
 from dtlab.cost import gpu
-from dtlab.plan.constants import ATTENTION_EFFICIENCY, NON_GEMM_OVERHEAD, SCORE_PASSES
+from dtlab.plan.constants import (
+    ATTENTION_EFFICIENCY,
+    NON_GEMM_OVERHEAD,
+    REPLICATED_BYTES_PER_TOKEN,
+    SCORE_PASSES,
+)
 from dtlab.plan.gemm import gemm_efficiency, gemm_peak_flops
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
@@ -107,7 +116,7 @@ def gemms_efficiency(gpu_name: str, gemms: list[tuple[float, float, float]], dty
     return sum(flops) / sum(times)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def layer_efficiency(req: Requirements, plan: ParallelPlan, which: str | None = None) -> float:
     """:func:`layer_gemms`' efficiency in pass ``which`` (one of :data:`PASSES`), or over all three
     (``None``: forward, dgrad and wgrad, equal FLOPs each), as a share of the dense peak of the
@@ -165,20 +174,38 @@ def micro_batch_compute(req: Requirements, plan: ParallelPlan, device: int) -> M
     return _stage_compute(req, plan, device)
 
 
-@lru_cache(maxsize=16384)
+_UNIT_SECONDS: dict[tuple, tuple[tuple[float, ...], float, tuple[float, ...]]] = {}
+
+
 def _unit_seconds(
     req: Requirements, plan: ParallelPlan
 ) -> tuple[tuple[float, ...], float, tuple[float, ...]]:
     """Seconds of one layer's linear part in each of :data:`PASSES`, of one layer's attention
     forward, and of the output head in each pass, for one micro-batch on one GPU (module
-    docstring)."""
+    docstring) — kept per job and the plan degrees they depend on (thousands of plans share
+    them)."""
+    key = (req, plan.tp, plan.cp, plan.ep, plan.micro_batch_size, plan.sequence_parallel)
+    if key not in _UNIT_SECONDS:
+        _UNIT_SECONDS[key] = _unit_seconds_of(req, plan)
+    return _UNIT_SECONDS[key]
+
+
+def _unit_seconds_of(
+    req: Requirements, plan: ParallelPlan
+) -> tuple[tuple[float, ...], float, tuple[float, ...]]:
     n = tokens_per_micro_batch(req, plan)
     sms = 1 - req.comm_sm_fraction
     per_flop = (1 + NON_GEMM_OVERHEAD) / (gemm_peak_flops(req.gpu, req.gemm_dtype) * sms)
     layer_flops = 2 * linear_params_per_layer(req) * n / plan.tp
     head_flops = 2 * req.vocab_size * req.d_model * n / plan.tp
     head_gemm = [(n, req.d_model, req.vocab_size / plan.tp)]
-    layer = tuple(layer_flops * per_flop / layer_efficiency(req, plan, p) for p in PASSES)
+    layer = [layer_flops * per_flop / layer_efficiency(req, plan, p) for p in PASSES]
+    if plan.tp > 1 and not plan.sequence_parallel:  # norms and dropouts run whole on each rank
+        redundant = (
+            (plan.tp - 1) / plan.tp * n * req.d_model / gpu(req.gpu).hbm_bandwidth_bytes_per_s
+        )
+        layer[0] += REPLICATED_BYTES_PER_TOKEN[0] * redundant
+        layer[1] += REPLICATED_BYTES_PER_TOKEN[1] * redundant
     head = tuple(
         head_flops * per_flop / gemms_efficiency(req.gpu, pass_gemms(head_gemm, p), req.gemm_dtype)
         if req.vocab_size
@@ -192,7 +219,7 @@ def _unit_seconds(
         attention += (
             SCORE_PASSES * 2 * scores * req.seq_len / gpu(req.gpu).hbm_bandwidth_bytes_per_s
         )
-    return layer, attention, head
+    return tuple(layer), attention, head
 
 
 def _stage_compute(req: Requirements, plan: ParallelPlan, stage: int) -> MicroBatchCompute:
@@ -202,6 +229,18 @@ def _stage_compute(req: Requirements, plan: ParallelPlan, stage: int) -> MicroBa
     if head_here:
         layers += req.mtp_layers
         heads = 1 + req.mtp_layers
+    return _compute_of(req, plan, layers, heads)
+
+
+def layer_compute(req: Requirements, plan: ParallelPlan) -> MicroBatchCompute:
+    """F, B, W of one transformer layer (no embedding, no head) for one micro-batch on one GPU —
+    what Korthikanti et al. 2022's Table 4 timed (:mod:`dtlab.plan.published_layer_times`)."""
+    return _compute_of(req, plan, 1, 0)
+
+
+def _compute_of(
+    req: Requirements, plan: ParallelPlan, layers: int, heads: int
+) -> MicroBatchCompute:
     layer_s, attention_layer_s, head_s = _unit_seconds(req, plan)
     forward, dgrad, wgrad = (
         lay * layers + head * heads for lay, head in zip(layer_s, head_s, strict=True)

@@ -145,6 +145,27 @@ SCORE_PASSES = 8
 NON_GEMM_OVERHEAD = 0.15
 """Memory-bound kernels (norms, activations, adds, optimizer) as a fraction of the GEMM time."""
 
+REPLICATED_BYTES_PER_TOKEN: tuple[int, int] = (22, 34)
+"""HBM bytes per token and layer, in units of the width ``h``, of the kernels that tensor
+parallelism without sequence parallelism runs whole on every rank (forward, backward): the two
+LayerNorms and the two bias-dropout-residual adds of a GPT block, on 2-byte activations and
+1-byte dropout masks, as Megatron-LM's fused kernels move them —
+
+* forward 22: each LayerNorm reads its input and writes its output (4), each fused
+  bias-dropout-add reads its input and the residual and writes its output and mask (7);
+* backward 34: each LayerNorm's backward reads the output gradient and the input and writes the
+  input gradient (6), each dropout's backward reads the gradient and the mask and writes one
+  (5), and at each block input the residual stream's gradient is added to the branch's (6).
+
+:data:`NON_GEMM_OVERHEAD` prices these kernels as if sharded ``1/t`` like the GEMMs (what
+sequence parallelism does: Korthikanti et al. 2022, Sec. 4.2.2); without SP the other
+``(t − 1)/t`` is redundant work on every rank, priced from these bytes at the GPU's HBM
+bandwidth. Korthikanti et al. measured it: with SP their 22B layer's forward ran 6 % faster
+(7.7 → 7.2 ms), "from the layer-norm and dropout layers being performed on 1/t of the data"
+(Table 4, :mod:`dtlab.plan.published_layer_times`); these bytes give 0.47 ms of the 0.5. The
+count is a GPT block's (the only jobs planned without SP are Megatron-LM's GPTs); a block
+without dropout moves less."""
+
 OVERLAP_COST = 0.15
 """Hidden communication is not free: while it runs beside compute it slows compute by this share
 of its own duration (unless the job reserves SMs for communication, ``comm_sm_fraction``)."""

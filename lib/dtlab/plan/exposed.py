@@ -9,7 +9,8 @@ Per mechanism, what is exposed and what hides it (seconds; bytes from
   matmul) splits the GEMMs to hide them (then only what outlasts forward's linear GEMMs shows).
   Backward's input-gradient reduce-scatter is not needed by that layer's weight-gradient GEMM,
   so Megatron-LM launches it asynchronously and runs wgrad meanwhile
-  (``CUDA_DEVICE_MAX_CONNECTIONS=1``), and the re-all-gather of the saved input overlaps dgrad:
+  (``CUDA_DEVICE_MAX_CONNECTIONS=1``), and SP's re-all-gathers of the saved input shards
+  (:data:`SP_BACKWARD_REGATHERS`, two per layer beyond plain TP's bytes) overlap dgrad:
   backward's collectives show only where they outlast the weight-gradient GEMMs. A full
   recomputation's rerun forward repeats forward's collectives, exposed like them.
 * **CP** (per micro-batch, NVLink while the ``cp·tp`` ranks stay in a node, else the NICs):
@@ -98,15 +99,33 @@ def tp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
     return min(nvlink, req.nics * req.nic_bytes_per_s)
 
 
+SP_BACKWARD_REGATHERS = 2
+"""All-gathers sequence parallelism adds to each layer's backward: the sharded LayerNorm outputs
+in front of the QKV and first MLP GEMMs are stored ``1/t`` and gathered again for their weight
+gradients (Korthikanti et al. 2022, Sec. 4.2.2: "we store only the Y_i^s part ... and perform an
+extra all-gather in the backward pass", overlapped with the input-gradient GEMM)."""
+
+
 def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
     """All of one micro-batch's TP + SP collectives on one device (forward and backward), at
-    :func:`tp_bus_bandwidth_of`."""
+    :func:`tp_bus_bandwidth_of`: per layer 2 all-reduces each way without SP; with SP 2
+    all-gathers and 2 reduce-scatters each way (the same bytes) and backward's
+    :data:`SP_BACKWARD_REGATHERS`."""
     if plan.tp == 1:
         return 0.0
     volume = sp_collective_volume_per_layer(
         req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp
-    ).bytes_sent_per_rank
-    return volume * layers / tp_bus_bandwidth_of(req, plan)
+    )
+    collectives = volume.collectives + (SP_BACKWARD_REGATHERS if plan.sequence_parallel else 0)
+    per_layer = volume.bytes_sent_per_rank * collectives / volume.collectives
+    return per_layer * layers / tp_bus_bandwidth_of(req, plan)
+
+
+def tp_backward_share(plan: ParallelPlan) -> float:
+    """Backward's share of :func:`tp_seconds_per_micro_batch`: 4 of 8 equal collectives without
+    SP, 6 of 10 with it (its re-gathers)."""
+    regathers = SP_BACKWARD_REGATHERS if plan.sequence_parallel else 0
+    return (4 + regathers) / (8 + regathers)
 
 
 def tp_exposed(
@@ -115,7 +134,8 @@ def tp_exposed(
     """(forward-side, backward-side) exposed TP seconds of one micro-batch (module docstring);
     ``overlap_backward=False`` for software whose backward all-reduces wait (Megatron-LM before
     its asynchronous TP all-reduce of September 2021)."""
-    forward, backward = tp_s / 2, tp_s / 2
+    backward = tp_s * tp_backward_share(plan)
+    forward = tp_s - backward
     linear_forward = c.forward_s - c.attention_forward_s
     shown_forward = max(0.0, forward - linear_forward) if plan.async_tp else forward
     shown_backward = max(0.0, backward - c.weight_grad_s) if overlap_backward else backward

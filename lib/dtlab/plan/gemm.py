@@ -29,6 +29,7 @@ because its arithmetic is narrower. The efficiency is then a share of the FP8 pe
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dtlab.cost import gpu
@@ -77,6 +78,7 @@ def gemm_seconds(gpu_name: str, m: float, k: float, n: float, dtype: str = "bf16
     return GEMM_KERNEL_LATENCY_S + max(waves_s, hbm_bytes / spec.hbm_bandwidth_bytes_per_s)
 
 
+@functools.lru_cache(maxsize=65536)
 def gemm_efficiency(gpu_name: str, m: float, k: float, n: float, dtype: str = "bf16") -> float:
     """Fraction of the dense ``dtype`` peak a ``(m × k) @ (k × n)`` GEMM sustains:
     ``2·m·k·n / (peak · gemm_seconds)`` (module docstring). Always in ``(0, η_max]`` (FP8:

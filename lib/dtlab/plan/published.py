@@ -51,7 +51,8 @@ measured iteration time where a paper gives one (Korthikanti et al. 2022):
   Selene A100s with sequence parallelism and selective recomputation, and with full
   recomputation — seven measured iteration times. They pin the recomputation tax and the
   A100 MFU ceiling (55–56 % on 6N) the planner's winner for the 2021 1T job claims when given
-  2022's software (:func:`best_published_mfu_6n`).
+  2022's software (:func:`best_published_mfu_6n`); their Table 4's one measured layer, with and
+  without SP and recomputation, checks the layer itself (:mod:`dtlab.plan.published_layer_times`).
 * **DeepSeek-V3** (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 3–4): 671B (37B
   active), 61 layers, d 7,168, 128 heads (MLA priced as attention of width 20,480: 128 heads
   of 192 for ``Q·Kᵀ`` and 128 for ``A·V``, averaged), 3 dense layers (FFN 18,432) and 58 MoE

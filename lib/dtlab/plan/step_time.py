@@ -50,6 +50,7 @@ from dtlab.plan.exposed import (
     ep_seconds_per_micro_batch,
     group_bandwidth_of,
     pp_exposed_s,
+    tp_backward_share,
     tp_exposed,
     tp_seconds_per_micro_batch,
 )
@@ -166,8 +167,8 @@ def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Devi
     tp_s = tp_seconds_per_micro_batch(req, plan, c.layers)
     software = software_of(req)
     forward, backward = tp_exposed(plan, tp_s, c, software.tp_backward_overlap)
-    if plan.recompute == "full":
-        tp_s *= 1.5  # the rerun forward repeats forward's collectives (tp_exposed counts them)
+    if plan.recompute == "full":  # the rerun forward repeats forward's collectives
+        tp_s += tp_s * (1 - tp_backward_share(plan))  # (tp_exposed counts them)
     cp_s, cp_shown = cp_exposed(req, plan, c)
     ep_s = ep_seconds_per_micro_batch(req, plan, c.layers)
     ep_shown = ep_exposed(plan, ep_s, c)
@@ -187,6 +188,16 @@ def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Devi
     cost = overlap_cost(req, hidden)
     return _Device(c, forward, backward, tp_s, cp_s, cp_shown, ep_s, ep_shown, per_micro_batch,
                    cost)  # fmt: skip
+
+
+def micro_batch_seconds(
+    req: Requirements, plan: ParallelPlan, device: int = 0
+) -> tuple[float, ...]:
+    """One micro-batch's ``(F, B, W)`` on pipeline device ``device`` as the schedule sees them:
+    compute, plus the communication that overlap leaves exposed, plus what the hidden part costs
+    the compute beside it (:func:`overlap_cost`)."""
+    d = _device(req, plan, device, max(1, int(micro_batches(req, plan))))
+    return d.forward, d.input_grad, d.compute.weight_grad_s
 
 
 def overlap_cost(req: Requirements, hidden_s: float) -> float:
