@@ -201,3 +201,21 @@ def test_each_backward_gemm_is_priced_at_its_own_shape():
     assert c.weight_grad_s < dgrad < c.forward_s - c.attention_forward_s
     assert dgrad / c.weight_grad_s == pytest.approx(by_pass["weight_grad"] / by_pass["input_grad"])
     assert c.recompute_s == pytest.approx(c.forward_s)  # full recomputation reruns the forward
+
+
+def test_an_moe_layer_weighs_every_expert_the_gpu_runs():
+    """DeepSeek-V3 at EP 64: 256/64 = 4 routed experts per GPU, each its own two GEMMs on
+    8·64/256·n tokens, and the shared expert's two on all n — so the routed experts weigh in
+    the layer's efficiency as the ``n·k`` expert-tokens the GPU computes, not as one expert's."""
+    from dtlab.plan.compute import layer_gemms, tokens_per_micro_batch
+    from dtlab.plan.published import PUBLISHED_RUNS
+
+    run = next(r for r in PUBLISHED_RUNS if r.name.startswith("DeepSeek-V3"))
+    job, plan = run.job, run.plan
+    gemms = layer_gemms(job, plan)
+    n = tokens_per_micro_batch(job, plan)
+    routed = n * job.top_k * plan.ep / job.n_experts
+    assert gemms.count((routed, job.d_model, 2 * job.expert_d_ff)) == job.n_experts // plan.ep
+    assert (n, job.d_model, 2 * job.expert_d_ff * job.shared_experts) in gemms
+    routed_work = sum(m * k * w for m, k, w in gemms if m == routed)
+    assert routed_work == pytest.approx(n * job.top_k * job.d_model * job.expert_d_ff * 3)

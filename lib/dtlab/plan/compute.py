@@ -11,7 +11,8 @@ shapes (:func:`dtlab.plan.gemm.gemm_efficiency`: waves of output tiles on the SM
 (w + 2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` —
 ``n = b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's
 routed experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens
-each (balanced routing over the EP group). Backward runs two GEMMs per forward one ``(n, in,
+each (balanced routing over the EP group), each of the GPU's ``E/ep`` experts its own GEMMs, and
+its shared experts one MLP of their joint width on all ``n`` tokens. Backward runs two GEMMs per forward one ``(n, in,
 out)`` — dgrad ``(n, out, in)`` (the input gradient ``dY·Wᵀ``) and wgrad ``(in, n, out)`` (the
 weight gradient ``Xᵀ·dY``) — with the same FLOPs but their own outputs, so their own tile counts
 and waves: each pass is priced at its own GEMMs' shapes (:func:`pass_gemms`), the flop-weighted
@@ -77,13 +78,19 @@ def tokens_per_micro_batch(req: Requirements, plan: ParallelPlan) -> int:
 
 
 def layer_gemms(req: Requirements, plan: ParallelPlan) -> list[tuple[float, float, float]]:
-    """The ``(m, k, n)`` forward GEMMs of one layer on one GPU for one micro-batch."""
+    """The ``(m, k, n)`` forward GEMMs of one layer on one GPU for one micro-batch, one entry per
+    kernel: an MoE layer lists each of the GPU's ``E/ep`` routed experts (so their share of the
+    flop-weighted efficiency is their share of the work) and its shared experts."""
     n, d, t, w = tokens_per_micro_batch(req, plan), req.d_model, plan.tp, req.attn_width
     gemms = [(n, d, (w + 2 * req.kv_width) / t), (n, w / t, d)]
     g = 2 if req.gated_mlp else 1
     if req.is_moe and req.expert_d_ff:
         routed = max(1.0, n * req.top_k * plan.ep / req.n_experts)
-        gemms += [(routed, d, g * req.expert_d_ff / t), (routed, req.expert_d_ff / t, d)]
+        expert = [(routed, d, g * req.expert_d_ff / t), (routed, req.expert_d_ff / t, d)]
+        gemms += expert * (req.n_experts // plan.ep)  # each of the GPU's experts runs its own
+        if req.shared_experts:  # one MLP of their joint width, on every token
+            f = req.shared_experts * req.expert_d_ff
+            gemms += [(n, d, g * f / t), (n, f / t, d)]
     else:
         gemms += [(n, d, g * req.ffn / t), (n, req.ffn / t, d)]
     return gemms
