@@ -20,10 +20,10 @@ preset's (an H100 PCIe's 114 SMs, not the SXM's 132) is skipped: the preset woul
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 import torch
+
+from matmul_timing import seconds_per_matmul
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,43 +39,11 @@ def _preset() -> str | None:
 
 
 def _measured_flops(n: int, repeats: int = 7, graphed: bool = True) -> float:
-    """BF16 FLOP/s of an ``n³`` GEMM, median of ``repeats`` timings of 10 back-to-back products.
-
-    ``graphed``: the 10 products are one captured CUDA graph, so the GPU never waits for the host
-    to launch the next (what a training step's queued kernels see, and what the planner's curve
-    models); eager launches measure the host's launch rate instead for small ``n`` (on a lent
-    gVisor H200 a 512³ product ran at 0.8 % of peak eager, launch-bound)."""
+    """BF16 FLOP/s of an ``n³`` GEMM (:func:`matmul_timing.seconds_per_matmul`: median of
+    ``repeats`` timings of 10 back-to-back products, one CUDA graph unless ``graphed=False``)."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-
-    def ten() -> None:
-        for _ in range(10):
-            torch.matmul(a, b, out=c)
-
-    for _ in range(3):
-        ten()
-    torch.cuda.synchronize()
-    run = ten
-    if graphed:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            ten()  # warm-up on a side stream, as capture requires
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ten()
-        run = graph.replay
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / 10)
-    return 2 * n**3 / statistics.median(times)
+    return 2 * n**3 / seconds_per_matmul(a, b, repeats, graphed)
 
 
 TOLERANCE = {512: 1.45, 1024: 1.45, 2048: 1.45, 4096: 1.45, 8192: 1.45}

@@ -16,11 +16,12 @@ ranks (TP 4 against TP 8) lean on."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 
 import pytest
 import torch
+
+from matmul_timing import seconds_per_matmul
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,34 +45,6 @@ def _operands(m: int, k: int, n: int, which: str):
     return rand(m, k).t(), rand(m, n)  # wgrad: Xᵀ @ dY
 
 
-def _measured_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int = 5) -> float:
-    out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16)
-
-    def ten() -> None:
-        for _ in range(10):
-            torch.matmul(a, b, out=out)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        ten()  # warm-up on a side stream, as capture requires
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ten()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / 10)
-    return statistics.median(times)
-
-
 @pytest.mark.parametrize("tp", [4, 8])
 def test_each_pass_of_a_gpt3_layer_runs_near_its_modelled_efficiency(tp):
     from dtlab.cost import gpu
@@ -93,7 +66,7 @@ def test_each_pass_of_a_gpt3_layer_runs_near_its_modelled_efficiency(tp):
     peak = gpu(preset).bf16_dense_flops
     record = {}
     for which in PASSES:
-        seconds = sum(_measured_seconds(*_operands(*g, which)) for g in forward)
+        seconds = sum(seconds_per_matmul(*_operands(*g, which), repeats=5) for g in forward)
         record[which] = (
             round(flops / seconds / peak, 3),
             round(layer_efficiency(job, plan, which), 3),
