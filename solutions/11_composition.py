@@ -407,18 +407,18 @@ for req in JOBS:
 # **Fitting is not enough: time.** The checks above are about memory and the bubble. The step-time
 # model (`dtlab.plan.step_time`) adds the clock, per micro-batch on the slowest pipeline device:
 # compute at the efficiency its GEMM shapes sustain (waves of tiles, a model measured on an H200:
-# `dtlab.plan.gemm`), causal attention, recomputation; then each mechanism's communication where nothing hides it — tensor
-# parallel's forward collectives (backward's hide behind the weight-gradient GEMMs), context and
-# expert traffic beyond the compute they overlap, the pipeline's fill and drain, and the gradient
-# sync on stage 0 beyond the backward that follows it there (ZeRO-3: every micro-batch, with
-# prefetch). Hidden communication still costs a little compute (it shares the SMs). Across nodes
-# the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400 Gb/s
-# NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC for
-# all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
-# (tp=2, ZeRO-3 over 1,024 ranks) within about 1 % of the fastest on rails, and
-# communication-bound — most of its step waiting for data parallel — with one NIC per node, where
-# the fastest layout puts more into CP and PP (dp 16, ZeRO-1) so each GPU syncs a 16× smaller
-# shard, once per step.
+# `dtlab.plan.gemm`), causal attention, recomputation; then each mechanism's communication where
+# nothing hides it — tensor parallel's forward collectives and, under sequence parallelism,
+# backward's gathers of the output gradient (backward's other collectives hide behind its GEMMs),
+# context and expert traffic beyond the compute they overlap, the pipeline's fill and drain, and the
+# gradient sync on stage 0 beyond the backward that follows it there (ZeRO-3: every micro-batch,
+# with prefetch). Hidden communication still costs a little compute (it shares the SMs). Across
+# nodes the dp ring runs on the NICs of its members in each node: on a rail-optimised node (one 400
+# Gb/s NIC per GPU) a dp group with 4 members per node gets 4 NICs; on an older node with one NIC
+# for all 8 GPUs, every dp group shares that one. Look for: the first 70B layout that fits memory
+# (tp=2, ZeRO-3 over 1,024 ranks) within about 2 % of the fastest on rails, and communication-bound
+# — most of its step waiting for data parallel — with one NIC per node, where the fastest layout
+# puts more into CP and PP (dp 16, ZeRO-1) so each GPU syncs a 16× smaller shard, once per step.
 
 # %%
 for nics, fabric in ((None, "one NIC per GPU"), (1, "one NIC per node")):
@@ -462,8 +462,8 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # and the throughput it reported, turned into a step time under the paper's own FLOP convention.
 # Below: each published layout priced by the planner, with MFU on both bases (6N, and 6N +
 # causal attention). Look for: every layout accepted and every step within ±15 % — Llama 3
-# (0.89–0.94), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.97–1.07), Korthikanti's seven
-# (1.00–1.14), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
+# (0.91–0.95), DeepSeek-V3 (0.90), PTD-P and the 1T run (0.97–1.07), Korthikanti's seven
+# (1.02–1.14), with GEMMs priced by the model measured on an H200 (waves of tiles: large GEMMs at
 # the ~69 % of peak a long burst sustains on Hopper, small ones far below); the recomputation
 # tax Korthikanti measured (full over selective, 1.30–1.32×) predicted within 5 %; Llama 3's 131K
 # row at 38 % on the attention-counting basis but 23 % on 6N; and the ZeRO-3 rows (0.88–1.07)
@@ -474,7 +474,7 @@ print_worked_jobs((CAPSTONE_JOBS[0], CAPSTONE_JOBS[2]) if FAST else CAPSTONE_JOB
 # no bandwidth term explains a step that stops falling. In full mode the table also ranks each
 # layout among the plans its own software could run, and against today's, and shows what the
 # planner's best plan claims (`python -m dtlab.plan.worked --published`). Three results miss a
-# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384, 768 and 1,536 GPUs rank at 39, 31
+# goal there: the GPT-3 175B PTD-P layouts of 2021 on 384, 768 and 1,536 GPUs rank at 39, 32
 # and 27 % (goal: the fastest quarter). Most plans ahead of them also recompute whole layers and
 # are at most 8 % faster — inside the model's own ±15 % — and two to four skip recomputation
 # with a deeper pipeline, at up to 99 % of the memory policy, which nobody measured. Against

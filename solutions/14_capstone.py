@@ -538,8 +538,8 @@ ask("performance.ep_ratio_across_nodes")
 #
 # dtlab's planner prices each of these layouts (below: published against predicted step, MFU on
 # 6N and on 6N + causal attention). Look for: every row within ±15 % of its published step —
-# Llama 3 and DeepSeek-V3 a little fast (0.89–0.94), PTD-P within 3 % (0.97–1.00), the 1T run and
-# Korthikanti et al.'s measured Selene runs 1.00–1.14, each 2021 layout priced as Megatron-LM of 2021 ran it (no
+# Llama 3 and DeepSeek-V3 a little fast (0.90–0.95), PTD-P within 3 % (0.97–1.00), the 1T run
+# and Korthikanti et al.'s measured Selene runs 1.02–1.14, each 2021 layout priced as Megatron-LM of 2021 ran it (no
 # sequence parallelism), and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran stage 3
 # in 2021: a collective per parameter tensor behind a device sync, host work growing with N (lab
 # 11's published-runs section).

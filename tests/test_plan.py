@@ -4,6 +4,7 @@ its layouts are the mesh's, and its bytes on the wire are the ring formulas."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,10 @@ def test_bytes_each_gpu_sends_per_step_match_the_ring_formulas():
     sbh = job.seq_len * plan.micro_batch_size * job.d_model * 2  # bf16
     assert math.isclose(traffic.dp, 2 * (n - 1) / n * psi * 2, rel_tol=1e-6)  # one all-reduce
     assert math.isclose(
-        traffic.tp, m * (80 / 4) * 8 * (7 / 8) * sbh, rel_tol=1e-12
-    )  # SP: 4 AG + 4 RS
+        traffic.tp, m * (80 / 4) * 10 * (7 / 8) * sbh, rel_tol=1e-12
+    )  # SP: 4 AG + 4 RS, and backward's 2 re-gathers of the stored input shards
+    plain = traffic_per_gpu(job, replace(plan, sequence_parallel=False))
+    assert math.isclose(plain.tp, m * (80 / 4) * 8 * (7 / 8) * sbh, rel_tol=1e-12)  # 4 AR
     # activations forward, gradients back, v = 2 chunks; each of the 8 TP ranks sends its slice
     assert traffic.pp == 2 * 2 * m * sbh / 8
     assert traffic.total == traffic.dp + traffic.tp + traffic.pp

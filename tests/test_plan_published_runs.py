@@ -14,7 +14,7 @@ GEMMs are priced at the sustained 0.69 of peak the longest measured burst ran at
 GEMMs of Llama 3 and DeepSeek-V3 at ~0.68), and every Hopper row is within ±15 %. The A100 rows
 are priced at the stated, unmeasured ``η_max`` 0.77 (layer GEMMs 0.72–0.77). Korthikanti et al.
 2022's seven measured iteration times on the same A100s (:mod:`dtlab.plan.published_selective`)
-check that A100 pricing where the 2021 rows cannot: the planner predicts each of them at 1.00–1.14
+check that A100 pricing where the 2021 rows cannot: the planner predicts each of them at 1.02–1.14
 of its measured time, and the full-recomputation tax they measured within 5 %.
 
 Each job runs its paper's **software** (:mod:`dtlab.plan.software`): the 2021 rows Megatron-LM
@@ -28,7 +28,7 @@ Korthikanti et al. beat — are held to ±15 % but not to the rank goal.
 The rank goal is missed by the three GPT-3 175B PTD-P rows of 2021, pinned below with both
 lenses (and the 1T row's rank against today's software; no constant was retuned to win them
 back; a change that moves them fails here and must update the pins and the README). The 384- /
-768- / 1,536-GPU layouts rank 39 / 31 / 27 % among 2021's plans (52 / 41 / 36 % before the
+768- / 1,536-GPU layouts rank 39 / 32 / 27 % among 2021's plans (52 / 41 / 36 % before the
 model priced three things that software did — every pipeline exchange waited on, 20 B of model
 state per parameter, the rerun layer's working set; 37 / 26 / 24 % until HBM was read as GiB,
 77.3 GB usable instead of 72; 40 / 30 / 29 % until each backward GEMM was priced at its own
@@ -44,7 +44,7 @@ ahead of them use selective recomputation and sequence parallelism, which Korthi
 measured 1.32× faster on this model and cluster. The best-plan cap is held against the best
 published MFU of the same model on the same GPU
 (:func:`~dtlab.plan.published.best_published_mfu_6n`); the 2021 1T job given today's software
-picks TP 8 with selective recomputation at 57.6 %, 1.04× the 55.5 % Korthikanti et al. ran.
+picks TP 8 with selective recomputation at 57.2 %, 1.03× the 55.5 % Korthikanti et al. ran.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 RANK_MISSES = {
     "GPT-3 175B, 384 A100 PTD-P": (0.39, 0.31),
-    "GPT-3 175B, 768 A100 PTD-P": (0.31, 0.26),
+    "GPT-3 175B, 768 A100 PTD-P": (0.32, 0.26),
     "GPT-3 175B, 1,536 A100 PTD-P": (0.27, 0.21),
 }
 """Share of the plans faster than the published layout: among its own software's, and today's."""
@@ -141,7 +141,7 @@ def test_the_1t_winner_is_korthikantis_plan_once_the_software_has_it(compared):
     existed) and the published layout is the fastest. Given Megatron-LM of 2022 the winner is
     TP 8 with SP and selective recomputation, at no more than what that paper measured on the
     same model and A100s (its DP sync still after the backward); given today's software —
-    ZeRO-1, the sync overlapped — at 1.04× it."""
+    ZeRO-1, the sync overlapped — at 1.03× it."""
     c = compared["GPT 1T, 3,072 A100 PTD-P"]
     assert c.rank == 0 and c.best_plan.recompute == "full" and c.best.mfu < 0.45
     measured = best_published_mfu_6n(c.run.job)
@@ -174,9 +174,9 @@ def test_baselines_are_slower_than_the_layout_their_paper_chose(compared):
 @pytest.mark.parametrize("model", ["GPT-3 175B", "MT-NLG 530B, 280", "GPT 1T"])
 def test_the_planner_predicts_the_recompute_tax_korthikanti_measured(model, compared):
     """Full recomputation (one more forward) over SP + selective, same layout: measured
-    1.32 / 1.30 / 1.32× (Table 5); the model's ratio within 5 % of each (1.04 / 1.05 / 1.03 of
-    it: without SP every TP rank runs the norms and dropouts whole, and with SP backward
-    re-gathers the stored input shards, both priced)."""
+    1.32 / 1.30 / 1.32× (Table 5); the model's ratio within 5 % of each (1.03 / 1.04 / 1.02 of
+    it: without SP every TP rank runs the norms and dropouts whole; with SP backward re-gathers
+    the stored input shards and waits on its gathers of the output gradient; all priced)."""
     full, selective = (
         next(r for r in SELECTIVE_RUNS if r.name.startswith(model) and label in r.name)
         for label in ("full recompute", "SP + selective")
@@ -216,7 +216,7 @@ def test_deepspeed_2021_zero3_stops_scaling_from_768_to_1536_gpus(compared):
 @pytest.mark.parametrize("gpus", [384, 768, 1536])
 def test_the_planner_reproduces_the_papers_ptd_p_over_zero3_speedup(gpus, compared):
     """Narayanan et al. 2021, Sec. 5.2: PTD-P beats ZeRO-3 by 6 % at 384 GPUs and ~70 % once
-    the GPUs double; at 1,536 it is 3.2× faster. The model: 0.98 / 1.51 / 3.54× — each within
+    the GPUs double; at 1,536 it is 3.2× faster. The model: 0.98 / 1.51 / 3.53× — each within
     20 % (the last is two ±15 % predictions' errors compounded: PTD-P 0.97, ZeRO-3 1.07). At 384
     the paper's 6 % is inside the two predictions' errors and the model puts ZeRO-3 2 % ahead (a
     known miss, pinned): the order is asserted only where the gap is wider than that."""

@@ -41,23 +41,26 @@ def test_a_dp_group_across_nodes_runs_at_its_members_nics():
     assert t.dp_s == pytest.approx(want, rel=1e-3)
 
 
-def test_only_forward_tp_collectives_are_exposed_without_async_tp():
-    """Issue 30: backward's input-gradient reduce-scatter hides behind the weight-gradient GEMM
-    and SP's re-all-gathers behind dgrad, so only forward's collectives are exposed — 4 of a
-    layer's 10 under SP (2 all-gathers and 2 reduce-scatters each way, plus backward's 2
-    re-gathers of the stored input shards), 4 of 8 without it."""
+def test_without_async_tp_forward_and_sps_gradient_gathers_are_exposed():
+    """Issue 30: backward's input-gradient reduction (all-reduce, or SP's reduce-scatter) hides
+    behind the weight-gradient GEMM and SP's re-gathers of the stored input shards behind dgrad;
+    forward's collectives are exposed, and so are SP's all-gathers of the output gradient, which
+    the row-parallel layers' dgrad needs at once (Megatron-LM's ``_ReduceScatterToSequence
+    ParallelRegion.backward``). Per layer in collective-sized units: without SP 4 forward
+    (exposed) + 4 backward (hidden); with SP 4 forward + 2 gathers (exposed) + 2 re-gathers + 2
+    reduce-scatters (hidden)."""
     plan = ParallelPlan(dp=256, tp=8, pp=1, zero_stage=1)
     t = step_time(LLAMA_70B, plan)
-    assert t.tp_exposed_s == pytest.approx(0.4 * t.tp_s)
-    assert t.tp_hideable_s == pytest.approx(0.6 * t.tp_s)
+    assert t.tp_exposed_s == pytest.approx(0.6 * t.tp_s)
+    assert t.tp_hideable_s == pytest.approx(0.4 * t.tp_s)
     plain = step_time(LLAMA_70B, replace(plan, sequence_parallel=False))
     assert plain.tp_s == pytest.approx(0.8 * t.tp_s)  # the same bytes, less the re-gathers
     assert plain.tp_exposed_s == pytest.approx(plain.tp_s / 2)
     rerun = step_time(LLAMA_70B, replace(plan, recompute="full"))
     # the rerun forward repeats forward's collectives (1.4× the bytes), exposed like them
     assert rerun.tp_s == pytest.approx(1.4 * t.tp_s)
-    assert rerun.tp_exposed_s == pytest.approx(0.8 * t.tp_s)
-    assert rerun.tp_hideable_s == pytest.approx(0.6 * t.tp_s)
+    assert rerun.tp_exposed_s == pytest.approx(1.0 * t.tp_s)
+    assert rerun.tp_hideable_s == pytest.approx(0.4 * t.tp_s)
     overlapped = step_time(LLAMA_70B, replace(plan, async_tp=True))
     assert overlapped.tp_exposed_s < t.tp_exposed_s / 10 and overlapped.step_s < t.step_s
 
@@ -72,12 +75,12 @@ def test_dp_sync_hides_only_behind_the_backward_that_follows_it_on_stage_zero():
     assert chunked.dp_exposed_s > flat.dp_exposed_s > 0
 
 
-def test_on_rails_the_first_70b_plan_that_fits_is_within_2_percent_of_the_fastest():
-    """Lab 11's claim ("within about 1 % of the fastest on rails"): the expert's first fit is
+def test_on_rails_the_first_70b_plan_that_fits_is_within_3_percent_of_the_fastest():
+    """Lab 11's claim ("within about 2 % of the fastest on rails": 2.1 %): the expert's first fit is
     not the model's fastest once GEMMs are priced by waves of tiles (that one trades TP for CP),
     but it is close."""
     first = first_plan_that_fits(LLAMA_70B)
     chosen = step_time(LLAMA_70B, first)
     plan, best = fastest_plans(LLAMA_70B, 1)[0]
     assert plan != first and (plan.tp, plan.cp) == (1, 2)
-    assert chosen.step_s <= 1.02 * best.step_s
+    assert chosen.step_s <= 1.03 * best.step_s

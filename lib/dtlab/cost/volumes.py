@@ -138,7 +138,7 @@ def sp_collective_volume_per_layer(
     the same again, so 8 collectives each sending ``(t-1)/t · s·b·h·e``: equal to plain TP
     (Korthikanti et al. 2022, Sec. 4.2.2). Megatron-LM's implementation adds two more in
     backward, re-gathering the LayerNorm outputs it stored sharded; the planner counts them
-    (:data:`dtlab.plan.exposed.SP_BACKWARD_REGATHERS`), this textbook count does not.
+    (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`), this textbook count does not.
     """
     _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, tp=tp)
     count = 8 if backward else 4

@@ -65,10 +65,12 @@ from dtlab.plan.constants import (
     NON_GEMM_OVERHEAD,
     REPLICATED_BYTES_PER_TOKEN,
     SCORE_PASSES,
+    TWO_PASS_LAYER_NORM_EXTRA_BYTES,
 )
 from dtlab.plan.gemm import gemm_efficiency, gemm_peak_flops
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
+from dtlab.plan.software import software_of
 from dtlab.plan.stages import device_layer_counts, holds_head
 
 
@@ -193,6 +195,8 @@ def _unit_seconds(
     them)."""
     key = (req, plan.tp, plan.cp, plan.ep, plan.micro_batch_size, plan.sequence_parallel)
     if key not in _UNIT_SECONDS:
+        if len(_UNIT_SECONDS) >= 65536:  # bounded, for sessions that build jobs without end
+            _UNIT_SECONDS.clear()
         _UNIT_SECONDS[key] = _unit_seconds_of(req, plan)
     return _UNIT_SECONDS[key]
 
@@ -212,7 +216,10 @@ def _unit_seconds_of(
             (plan.tp - 1) / plan.tp * n * req.d_model / gpu(req.gpu).hbm_bandwidth_bytes_per_s
         )
         layer[0] += REPLICATED_BYTES_PER_TOKEN[0] * redundant
-        layer[1] += REPLICATED_BYTES_PER_TOKEN[1] * redundant
+        backward = REPLICATED_BYTES_PER_TOKEN[1]
+        if not software_of(req).persistent_layer_norm:
+            backward += TWO_PASS_LAYER_NORM_EXTRA_BYTES
+        layer[1] += backward * redundant
     head = tuple(
         head_flops * per_flop / gemms_efficiency(req.gpu, pass_gemms(head_gemm, p), req.gemm_dtype)
         if req.vocab_size

@@ -154,17 +154,28 @@ LayerNorms and the two bias-dropout-residual adds of a GPT block, on 2-byte acti
 * forward 22: each LayerNorm reads its input and writes its output (4), each fused
   bias-dropout-add reads its input and the residual and writes its output and mask (7);
 * backward 34: each LayerNorm's backward reads the output gradient and the input and writes the
-  input gradient (6), each dropout's backward reads the gradient and the mask and writes one
-  (5), and at each block input the residual stream's gradient is added to the branch's (6).
+  input gradient (6: one pass, apex.contrib's persistent ``FastLayerNorm``, which Megatron-LM
+  runs for these widths from October 2021), each dropout's backward reads the gradient and the
+  mask and writes one (5), and at each block input the residual stream's gradient is added to
+  the branch's (6). apex's plain ``FusedLayerNorm`` (Megatron-LM of April 2021) reads the
+  output gradient and the input twice, once for the weight gradients and once for the input
+  gradient: :data:`TWO_PASS_LAYER_NORM_EXTRA_BYTES` more.
 
 :data:`NON_GEMM_OVERHEAD` prices these kernels as if sharded ``1/t`` like the GEMMs (what
 sequence parallelism does: Korthikanti et al. 2022, Sec. 4.2.2); without SP the other
 ``(t − 1)/t`` is redundant work on every rank, priced from these bytes at the GPU's HBM
 bandwidth. Korthikanti et al. measured it: with SP their 22B layer's forward ran 6 % faster
 (7.7 → 7.2 ms), "from the layer-norm and dropout layers being performed on 1/t of the data"
-(Table 4, :mod:`dtlab.plan.published_layer_times`); these bytes give 0.47 ms of the 0.5. The
+(Table 4, :mod:`dtlab.plan.published_layer_times`); these bytes give 0.48 ms of the 0.5. The
 count is a GPT block's (the only jobs planned without SP are Megatron-LM's GPTs); a block
 without dropout moves less."""
+
+TWO_PASS_LAYER_NORM_EXTRA_BYTES = 8
+"""Backward bytes per token and unit of width that a two-pass LayerNorm backward (apex's
+``FusedLayerNorm``: ``cuComputePartGradGammaBeta``, then ``cuComputeGradInput``) adds for a GPT
+block's two LayerNorms, reading the output gradient and the input again (2 + 2 each): 42 in all
+instead of :data:`REPLICATED_BYTES_PER_TOKEN`'s 34, for software without the persistent kernel
+(:attr:`dtlab.plan.software.Software.persistent_layer_norm`)."""
 
 OVERLAP_COST = 0.15
 """Hidden communication is not free: while it runs beside compute it slows compute by this share

@@ -4,15 +4,18 @@ Per mechanism, what is exposed and what hides it (seconds; bytes from
 :mod:`dtlab.plan.layout_cost` and :mod:`dtlab.plan.wire`; links from the job's hardware):
 
 * **TP + SP** (per micro-batch, NVLink; a group wider than a node on its nodes' NICs,
-  :func:`tp_bus_bandwidth_of`): forward's 2 all-gathers and 2 reduce-scatters per layer sit
-  between GEMMs that need their results — exposed, unless ``async_tp`` (collective
-  matmul) splits the GEMMs to hide them (then only what outlasts forward's linear GEMMs shows).
-  Backward's input-gradient reduce-scatter is not needed by that layer's weight-gradient GEMM,
-  so Megatron-LM launches it asynchronously and runs wgrad meanwhile
-  (``CUDA_DEVICE_MAX_CONNECTIONS=1``), and SP's re-all-gathers of the saved input shards
-  (:data:`SP_BACKWARD_REGATHERS`, two per layer beyond plain TP's bytes) overlap dgrad:
-  backward's collectives show only where they outlast the weight-gradient GEMMs. A full
-  recomputation's rerun forward repeats forward's collectives, exposed like them.
+  :func:`tp_bus_bandwidth_of`; bytes :func:`dtlab.plan.wire.tp_bytes_per_layer`): forward's 2
+  all-reduces per layer (with SP 2 all-gathers and 2 reduce-scatters) sit between GEMMs that
+  need their results — exposed, unless ``async_tp`` (collective matmul) splits the GEMMs to
+  hide them (then only what outlasts forward's linear GEMMs shows). Backward's input-gradient
+  all-reduce (with SP, reduce-scatter) is not needed by that layer's weight-gradient GEMM, so
+  Megatron-LM launches it asynchronously and runs wgrad meanwhile
+  (``CUDA_DEVICE_MAX_CONNECTIONS=1``): it shows only where it outlasts wgrad. SP adds two
+  backward collectives that differ: the all-gathers of the output gradient in front of the
+  row-parallel layers (the backward of forward's reduce-scatters) feed their dgrad at once —
+  exposed, unless ``async_tp`` — and the re-gathers of the stored input shards
+  (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`) overlap dgrad. A full recomputation's rerun
+  forward repeats forward's collectives, exposed like them.
 * **CP** (per micro-batch, NVLink while the ``cp·tp`` ranks stay in a node, else the NICs):
   ring attention passes K/V blocks while it computes on the ones it holds (Liu et al. 2023), so
   only what outlasts the attention compute of forward and backward shows; Llama 3's all-gather
@@ -51,13 +54,17 @@ from functools import lru_cache
 
 from dtlab.cost import gpu
 from dtlab.cost.moe import inter_node_dispatch_bytes
-from dtlab.cost.volumes import sp_collective_volume_per_layer
 from dtlab.memory import shard_numel
 from dtlab.plan.compute import MicroBatchCompute, tokens_per_micro_batch
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.stages import chunk_count
-from dtlab.plan.wire import kv_width_per_tp_rank, ring_attention_bytes_per_layer
+from dtlab.plan.wire import (
+    kv_width_per_tp_rank,
+    ring_attention_bytes_per_layer,
+    tp_bytes_per_layer,
+    tp_collectives_per_layer,
+)
 
 
 def nic_bandwidth_per_gpu(req: Requirements) -> float:
@@ -99,33 +106,12 @@ def tp_bus_bandwidth_of(req: Requirements, plan: ParallelPlan) -> float:
     return min(nvlink, req.nics * req.nic_bytes_per_s)
 
 
-SP_BACKWARD_REGATHERS = 2
-"""All-gathers sequence parallelism adds to each layer's backward: the sharded LayerNorm outputs
-in front of the QKV and first MLP GEMMs are stored ``1/t`` and gathered again for their weight
-gradients (Korthikanti et al. 2022, Sec. 4.2.2: "we store only the Y_i^s part ... and perform an
-extra all-gather in the backward pass", overlapped with the input-gradient GEMM)."""
-
-
 def tp_seconds_per_micro_batch(req: Requirements, plan: ParallelPlan, layers: int) -> float:
-    """All of one micro-batch's TP + SP collectives on one device (forward and backward), at
-    :func:`tp_bus_bandwidth_of`: per layer 2 all-reduces each way without SP; with SP 2
-    all-gathers and 2 reduce-scatters each way (the same bytes) and backward's
-    :data:`SP_BACKWARD_REGATHERS`."""
+    """All of one micro-batch's TP + SP collectives on one device (forward and backward,
+    :func:`dtlab.plan.wire.tp_bytes_per_layer`), at :func:`tp_bus_bandwidth_of`."""
     if plan.tp == 1:
         return 0.0
-    volume = sp_collective_volume_per_layer(
-        req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp
-    )
-    collectives = volume.collectives + (SP_BACKWARD_REGATHERS if plan.sequence_parallel else 0)
-    per_layer = volume.bytes_sent_per_rank * collectives / volume.collectives
-    return per_layer * layers / tp_bus_bandwidth_of(req, plan)
-
-
-def tp_backward_share(plan: ParallelPlan) -> float:
-    """Backward's share of :func:`tp_seconds_per_micro_batch`: 4 of 8 equal collectives without
-    SP, 6 of 10 with it (its re-gathers)."""
-    regathers = SP_BACKWARD_REGATHERS if plan.sequence_parallel else 0
-    return (4 + regathers) / (8 + regathers)
+    return tp_bytes_per_layer(req, plan) * layers / tp_bus_bandwidth_of(req, plan)
 
 
 def tp_exposed(
@@ -134,11 +120,26 @@ def tp_exposed(
     """(forward-side, backward-side) exposed TP seconds of one micro-batch (module docstring);
     ``overlap_backward=False`` for software whose backward all-reduces wait (Megatron-LM before
     its asynchronous TP all-reduce of September 2021)."""
-    backward = tp_s * tp_backward_share(plan)
-    forward = tp_s - backward
+    forward_units, backward_units = tp_collectives_per_layer(plan)
+    unit = tp_s / (forward_units + backward_units)
+    forward = forward_units * unit
     linear_forward = c.forward_s - c.attention_forward_s
     shown_forward = max(0.0, forward - linear_forward) if plan.async_tp else forward
-    shown_backward = max(0.0, backward - c.weight_grad_s) if overlap_backward else backward
+    dgrad = c.input_grad_s - c.recompute_s - 2 * c.attention_forward_s
+    if plan.sequence_parallel:
+        # dL/dY all-gathered before the row-parallel layers' dgrad (ḡ's backward) waits, unless
+        # collective matmul splits that GEMM; the re-gathers hide behind dgrad; the
+        # reduce-scatters of dL/dX behind wgrad
+        gathers, regathers, scatters = 2 * unit, (backward_units - 4) * unit, 2 * unit
+        if plan.async_tp:
+            shown = max(0.0, gathers + regathers - dgrad)
+        else:
+            shown = gathers + max(0.0, regathers - dgrad)
+    else:  # the all-reduces of dL/dX, under wgrad
+        shown, scatters = 0.0, backward_units * unit
+    shown_backward = shown + (
+        max(0.0, scatters - c.weight_grad_s) if overlap_backward else scatters
+    )
     if plan.recompute == "full":
         shown_backward += shown_forward  # the rerun forward's collectives
     return shown_forward, shown_backward

@@ -28,13 +28,18 @@ import math
 from dataclasses import dataclass, replace
 
 from dtlab.cost.bubble import schedule_idle
-from dtlab.cost.volumes import pipeline_p2p_bytes_per_step, sp_collective_volume_per_layer
+from dtlab.cost.volumes import pipeline_p2p_bytes_per_step
 from dtlab.memory import activation_bytes_per_layer, model_state_bytes, shard_numel
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.software import software_of
 from dtlab.plan.stages import activation_layers_in_flight, in_flight_chunks, representative_devices
-from dtlab.plan.wire import expert_all_to_all_bytes_per_layer, ring_attention_bytes_per_layer
+from dtlab.plan.wire import (
+    expert_all_to_all_bytes_per_layer,
+    ring_attention_bytes_per_layer,
+    tp_bytes_per_layer,
+    tp_forward_share,
+)
 
 
 def micro_batches(req: Requirements, plan: ParallelPlan) -> float:
@@ -244,10 +249,11 @@ def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int =
       holding it, with ``m`` micro-batches accumulated per step (:func:`dp_bytes_per_step`:
       ZeRO 0–1 once per step, ZeRO-2 and ZeRO-3 once per micro-batch); an MoE model adds the
       same for its ``Ψ_e/(tp·pp·ep)`` experts over the ``dp·cp/ep`` expert-data-parallel ranks;
-    * ``tp``: TP + SP, per layer and micro-batch 4 all-gathers and 4 reduce-scatters of
-      ``s·b·h·e``, each sending ``(t-1)/t`` of it, for the ``L/pp`` layers of its stage and the
-      ``m`` micro-batches (:func:`dtlab.cost.volumes.sp_collective_volume_per_layer`); full
-      recomputation repeats forward's half: 1.5×;
+    * ``tp``: per layer and micro-batch 4 all-reduces of ``s·b·h·e`` — with SP 4 all-gathers
+      and 4 reduce-scatters, the same bytes, and backward's 2 re-gathers of the stored input
+      shards — each sending ``(t-1)/t`` of it, for the ``L/pp`` layers of its stage and the
+      ``m`` micro-batches (:func:`dtlab.plan.wire.tp_bytes_per_layer`); full recomputation
+      repeats forward's 4: 1.5× without SP, 1.4× with it;
     * ``pp``: a middle stage's activations forward and gradients back, ``2·v·m·s·b·h·e``
       (:func:`dtlab.cost.volumes.pipeline_p2p_bytes_per_step`) over the ``tp`` ranks of the
       stage, each sending its slice (Megatron's scatter-gather, on by default since 2021 — as
@@ -265,10 +271,9 @@ def traffic_per_gpu(req: Requirements, plan: ParallelPlan, bytes_per_elem: int =
         experts = math.ceil(req.expert_params / (plan.tp * plan.pp * plan.ep))
         dp += dp_bytes_per_step(experts, dp_ranks // plan.ep, plan.zero_stage, m, bytes_per_elem)
     seq = req.seq_len // plan.cp
-    per_layer = sp_collective_volume_per_layer(
-        seq, plan.micro_batch_size, req.d_model, plan.tp, bytes_per_elem
-    ).bytes_sent_per_rank
-    tp = m * (req.n_layers / plan.pp) * per_layer * (1.5 if plan.recompute == "full" else 1)
+    per_layer = tp_bytes_per_layer(req, plan, bytes_per_elem)
+    rerun = tp_forward_share(plan) if plan.recompute == "full" else 0.0
+    tp = m * (req.n_layers / plan.pp) * per_layer * (1 + rerun)
     pp = 0.0
     if plan.pp > 1:
         pp = (

@@ -25,8 +25,9 @@ flat buffer per layer as FSDP gathers it, or ``"per_parameter"``, DeepSpeed's 20
 one list collective per tensor behind a device sync, :mod:`dtlab.plan.zero3_per_parameter`);
 ``sequence_parallel`` (Korthikanti et al. 2022, Sec. 4.2.2: the LayerNorm and dropout
 activations sharded over the TP ranks along the sequence, the all-reduces split into
-reduce-scatters and all-gathers of the same bytes; ``False`` is Megatron-LM before 2022, every
-TP rank keeping those activations for the whole sequence).
+reduce-scatters and all-gathers of the same bytes, plus backward's re-gathers of the stored
+shards; ``False`` is Megatron-LM before 2022, every TP rank keeping those activations for the
+whole sequence and running its LayerNorms and dropouts on all of it).
 """
 
 from __future__ import annotations

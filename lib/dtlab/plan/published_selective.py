@@ -19,7 +19,9 @@ it hidden behind stage 0's last backward (0.26 s of its 0.28 s shows anyway: 0.9
 either way). "Chunks" is the paper's interleaving: three stages per
 device for 175B and 530B (Sec. 6), none stated for 1T (read as one). The full-recomputation
 rows ran without sequence parallelism (their plans say so: ``sequence_parallel=False``); the
-model prices SP's time as TP's (the same bytes, Sec. 4.2.2). The jobs' software is
+model prices SP's collectives as Megatron-LM runs them: TP's bytes (Sec. 4.2.2) plus backward's
+re-gathers of the stored input shards, its gathers of the output gradient exposed
+(:mod:`dtlab.plan.exposed`). The jobs' software is
 ``"megatron-lm-2022"`` (:mod:`dtlab.plan.software`): the planner's own plans for them use
 what that paper's Megatron-LM offered. Their
 MFU is on the paper's model FLOPs (:func:`~dtlab.plan.published_run.korthikanti_model_flops`);

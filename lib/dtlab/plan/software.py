@@ -36,7 +36,9 @@ The presets, and the sources that date them:
   :func:`dtlab.plan.memory_by_category.state_by_category`), each in-flight micro-batch's stage
   output kept until its backward (freed after the send from December 2021:
   :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`), every pipeline exchange waited
-  on, as in 2022 (:func:`dtlab.plan.exposed.pp_exposed_s`) — and, as its Table 2's
+  on, as in 2022 (:func:`dtlab.plan.exposed.pp_exposed_s`), and apex's two-pass LayerNorm
+  backward (the persistent one-pass kernel came to Megatron-LM in October 2021, commit
+  ``a2fdcdf``: :data:`dtlab.plan.constants.TWO_PASS_LAYER_NORM_EXTRA_BYTES`) — and, as its Table 2's
   baseline, DeepSpeed's ZeRO-3 of that year: one list collective per parameter tensor
   (:mod:`dtlab.plan.zero3_per_parameter`, v0.3.13), without a pipeline (DeepSpeed's pipeline
   engine refuses ZeRO-2 and 3 from v0.3.16, April 2021). Left out on purpose: DeepSpeed's
@@ -79,6 +81,7 @@ class Software:
     overlaps_grad_sync: bool = True  # DP's once-a-step sync under the last backward
     blocking_p2p: bool = False  # every pipeline exchange waited on (and the device synced)
     fp32_main_grads: bool = False  # its optimizer keeps an FP32 copy of each 16-bit gradient
+    persistent_layer_norm: bool = True  # one-pass LayerNorm backward (else dY and X read twice)
 
     def problems(self, plan: ParallelPlan, job: Requirements) -> list[str]:
         """Each technique ``plan`` uses for ``job`` that this software lacks ([] when none; a
@@ -160,6 +163,7 @@ MEGATRON_2021 = Software(
     overlaps_grad_sync=False,
     blocking_p2p=True,
     fp32_main_grads=True,
+    persistent_layer_norm=False,
 )
 SOFTWARE: dict[str, Software] = {
     "current": Software("current"),

@@ -8,8 +8,8 @@ device (stages need not be equal), this model adds up:
   GEMM shapes sustain (waves of tiles on the SMs, :mod:`dtlab.plan.gemm`), causal attention at the
   flash kernels' efficiency, recomputation in ``B``;
 * **exposed communication** per mechanism (:mod:`dtlab.plan.exposed`: what hides each one and
-  what shows) — TP's forward collectives (backward's hide behind the weight-gradient GEMMs),
-  CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
+  what shows) — TP's forward collectives and, with SP, backward's gathers of the output
+  gradient (the rest of backward's hide behind its GEMMs), CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
   them, or only what outlasts a micro-batch's compute under DualPipe), PP's fill and drain hops
   (every exchange, where the software waits on each), and the DP sync on device 0 beyond the
   backward that follows its gradients there (ZeRO-2/3: per micro-batch, with prefetch;
@@ -50,7 +50,6 @@ from dtlab.plan.exposed import (
     ep_seconds_per_micro_batch,
     group_bandwidth_of,
     pp_exposed_s,
-    tp_backward_share,
     tp_exposed,
     tp_seconds_per_micro_batch,
 )
@@ -62,6 +61,7 @@ from dtlab.plan.problems import plan_problems
 from dtlab.plan.search import candidate_plans
 from dtlab.plan.software import software_of
 from dtlab.plan.stages import representative_devices
+from dtlab.plan.wire import tp_forward_share
 from dtlab.plan.zero3_per_parameter import per_parameter_exposed_s
 
 __all__ = [
@@ -168,7 +168,7 @@ def _device(req: Requirements, plan: ParallelPlan, device: int, m: int) -> _Devi
     software = software_of(req)
     forward, backward = tp_exposed(plan, tp_s, c, software.tp_backward_overlap)
     if plan.recompute == "full":  # the rerun forward repeats forward's collectives
-        tp_s += tp_s * (1 - tp_backward_share(plan))  # (tp_exposed counts them)
+        tp_s += tp_s * tp_forward_share(plan)  # (tp_exposed counts them)
     cp_s, cp_shown = cp_exposed(req, plan, c)
     ep_s = ep_seconds_per_micro_batch(req, plan, c.layers)
     ep_shown = ep_exposed(plan, ep_s, c)

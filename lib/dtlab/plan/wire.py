@@ -1,9 +1,16 @@
-"""Bytes on the wire that only context and expert parallelism send, per layer and micro-batch.
+"""Bytes on the wire per layer and micro-batch: tensor parallelism as Megatron-LM runs it, and
+what only context and expert parallelism send.
 
 Sizes: ``b`` micro-batch (sequences), ``s`` sequence length, ``c`` the CP degree, ``t`` TP,
 ``p`` EP, ``k`` experts per token, ``d`` width, ``e`` bytes per element (bf16: 2). Each function
 returns what **one rank sends** (it receives as much), from :mod:`dtlab.cost.volumes`' formulas.
 
+* **Tensor parallelism** (Shoeybi et al. 2019; with sequence parallelism Korthikanti et al.
+  2022, Sec. 4.2.2): per layer two all-reduces of ``b·s·h·e`` forward and two backward, or with
+  SP two all-gathers and two reduce-scatters each way (the same bytes) plus backward's
+  :data:`SP_BACKWARD_REGATHERS`, each collective sending ``(t−1)/t`` of the tensor
+  (:func:`tp_bytes_per_layer`). Full recomputation repeats forward's
+  (:func:`tp_forward_share`).
 * **Ring attention** (Liu et al. 2023, "Ring Attention with Blockwise Transformers for
   Near-Infinite Context", Sec. 3): a rank holds ``s/c`` tokens; in ``c − 1`` steps it passes the K
   and V blocks it holds to the next rank, ``2·b·(s/c)·kv_width/t·e`` each step
@@ -24,9 +31,43 @@ returns what **one rank sends** (it receives as much), from :mod:`dtlab.cost.vol
 
 from __future__ import annotations
 
-from dtlab.cost.volumes import moe_all_to_all_bytes_per_layer, ring_attention_kv_bytes
+from dtlab.cost.volumes import (
+    moe_all_to_all_bytes_per_layer,
+    ring_attention_kv_bytes,
+    sp_collective_volume_per_layer,
+)
 from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
+
+SP_BACKWARD_REGATHERS = 2
+"""All-gathers sequence parallelism adds to each layer's backward: the LayerNorm outputs in front
+of the QKV and first MLP GEMMs are stored ``1/t`` and gathered again for those GEMMs' weight
+gradients (Korthikanti et al. 2022, Sec. 4.2.2: "we store only the Y_i^s part ... and perform an
+extra all-gather in the backward pass", overlapped with the input-gradient GEMM)."""
+
+
+def tp_collectives_per_layer(plan: ParallelPlan) -> tuple[int, int]:
+    """(forward, backward) TP collectives of one layer, counted in reduce-scatter- or
+    all-gather-sized units (an all-reduce is two): 4 and 4 without SP, 4 and 6 with it."""
+    regathers = SP_BACKWARD_REGATHERS if plan.sequence_parallel else 0
+    return 4, 4 + regathers
+
+
+def tp_forward_share(plan: ParallelPlan) -> float:
+    """Forward's share of :func:`tp_bytes_per_layer`: 4 of 8 without SP, 4 of 10 with it."""
+    forward, backward = tp_collectives_per_layer(plan)
+    return forward / (forward + backward)
+
+
+def tp_bytes_per_layer(req: Requirements, plan: ParallelPlan, bytes_per_elem: int = 2) -> float:
+    """Bytes one TP rank sends for one layer and micro-batch, forward and backward (module
+    docstring); 0 without TP."""
+    if plan.tp == 1:
+        return 0.0
+    volume = sp_collective_volume_per_layer(
+        req.seq_len // plan.cp, plan.micro_batch_size, req.d_model, plan.tp, bytes_per_elem
+    )
+    return volume.bytes_sent_per_rank / volume.collectives * sum(tp_collectives_per_layer(plan))
 
 
 def kv_width_per_tp_rank(req: Requirements, plan: ParallelPlan) -> int:

@@ -142,7 +142,7 @@ def rows_html(rows) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
     body = []
     for label, plan, memory, t in rows:
-        exposed = t.tp_s + t.pp_s + t.cp_exposed_s + t.ep_s + t.dp_exposed_s
+        exposed = t.exposed_communication_s
         cells = (
             label,
             plan.describe(),
@@ -165,7 +165,7 @@ def describe_row(label: str, plan, memory, t) -> str:
     return (
         f"{label:>16} {plan.describe():<44} {memory.total / GB:5.1f} GB  step {t.step_s:6.2f} s  "
         f"MFU {t.mfu:5.1%}  bubble {t.bubble:5.1%}  exposed comm "
-        f"{t.tp_s + t.pp_s + t.cp_exposed_s + t.ep_s + t.dp_exposed_s:5.2f} s"
+        f"{t.exposed_communication_s:5.2f} s"
     )
 
 
