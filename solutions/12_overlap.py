@@ -164,9 +164,11 @@ dtlab.viz.timeline(
 # all-reduce can be launched right after dgrad and waited for after wgrad. That is Megatron-LM's
 # `LinearWithGradAccumulationAndAsyncCommunication`, run with `CUDA_DEVICE_MAX_CONNECTIONS=1`
 # so the GPU launches the collective before the wgrad GEMM. Under sequence parallelism the
-# backward must all-gather `X` again for wgrad, and that gather overlaps dgrad. Only the
-# **forward** collectives are exposed without async TP: the next layer needs their result at
-# once. "Every TP collective is on the critical path" is wrong for backward.
+# backward must all-gather `X` again for wgrad, and that gather overlaps dgrad. Without async TP
+# the **forward** collectives are exposed — the next layer needs their result at once — and,
+# under sequence parallelism, so is backward's all-gather of the output gradient in front of
+# each row-parallel layer, whose dgrad needs it at once. "Every TP collective is on the critical
+# path" is wrong for backward.
 #
 # The timeline: one column-parallel layer's backward, with the overlap off and on (the library's
 # `column_parallel_linear`, `backward_overlap=False/True`). Look for: with it on, the
@@ -586,8 +588,9 @@ print(f"  hidden by the second micro-batch: {moe.hidden_share:.0%}")
 # A 70B model on 2,048 H100s: TP = 8 inside a node, PP = 4 with two chunks per rank, DP = 64,
 # ZeRO-1. The step-time model (`dtlab.plan.step_time`) adds up, on the slowest pipeline device:
 # compute, the exposed part of each mechanism and the pipeline's idle time. It applies the rules
-# measured above: TP's backward collectives hide behind wgrad, its forward ones are exposed
-# unless async TP is on; the DP sync is exposed on stage 0 beyond what its last backward
+# measured above: TP's backward reductions hide behind wgrad and SP's re-gathers behind dgrad,
+# its forward collectives and SP's gathers of the output gradient are exposed unless async TP is
+# on; the DP sync is exposed on stage 0 beyond what its last backward
 # covers. This is a **model** at production scale, not a run. Look for: where the seconds go,
 # and what each technique buys.
 
@@ -607,9 +610,9 @@ for label, plan in variants.items():
           f"{t.idle_s:>7.2f}{t.dp_exposed_s:>8.2f}{t.dp_s:>7.2f}{t.mfu:>6.0%}")  # fmt: skip
 
 # %% [markdown]
-# Read the first row as an interviewer would. Of TP's communication ("of TP") only the forward
-# part is exposed ("TP exp."): the backward part hides behind wgrad, and async TP removes the
-# rest. The idle time is the bubble; interleaving and ZB-H1 shrink it. Of the DP sync ("of DP")
+# Read the first row as an interviewer would. Of TP's communication ("of TP") 0.6 is exposed
+# ("TP exp."): forward's 4 collectives of a layer's 10 and backward's 2 all-gathers of the output
+# gradient; the other 4 hide behind the backward GEMMs, and async TP removes the rest. The idle time is the bubble; interleaving and ZB-H1 shrink it. Of the DP sync ("of DP")
 # the model exposes what stage 0's last backward cannot cover, reducing bucket by bucket inside
 # that backward as DDP does. Section 5's rule is stricter: a stage's sync starts once all its
 # gradients are final. Under that rule ZB-H1's W's, which fill the drain, leave no stage any

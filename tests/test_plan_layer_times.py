@@ -4,7 +4,7 @@ published measurements; nothing is timed here.
 
 The model, ms (forward / backward): no recomputation 7.49 / 12.60 (measured 7.7 / 11.9), SP
 7.01 / 12.45 (7.2 / 11.8), full recomputation 7.49 / 20.09 (7.7 / 19.5), selective 7.49 / 13.84
-(7.7 / 13.2), selective + SP 7.01 / 13.69 (7.2 / 13.1): every combined time within 3 % (1.01–1.03),
+(7.7 / 13.2), selective + SP 7.01 / 13.69 (7.2 / 13.1): every combined time within 3 % (1.01–1.02),
 every forward 3 % fast and every backward 3–6 % slow — the model's split of a layer between its
 passes is a few per cent off (pinned), their sum is not."""
 

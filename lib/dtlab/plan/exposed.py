@@ -10,11 +10,11 @@ Per mechanism, what is exposed and what hides it (seconds; bytes from
   hide them (then only what outlasts forward's linear GEMMs shows). Backward's input-gradient
   all-reduce (with SP, reduce-scatter) is not needed by that layer's weight-gradient GEMM, so
   Megatron-LM launches it asynchronously and runs wgrad meanwhile
-  (``CUDA_DEVICE_MAX_CONNECTIONS=1``): it shows only where it outlasts wgrad. SP adds two
-  backward collectives that differ: the all-gathers of the output gradient in front of the
+  (``CUDA_DEVICE_MAX_CONNECTIONS=1``): it shows only where it outlasts wgrad. Under SP the
+  all-reduce's other half moves: the all-gathers of the output gradient in front of the
   row-parallel layers (the backward of forward's reduce-scatters) feed their dgrad at once —
-  exposed, unless ``async_tp`` — and the re-gathers of the stored input shards
-  (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`) overlap dgrad. A full recomputation's rerun
+  exposed, unless ``async_tp`` — and SP adds the re-gathers of the stored input shards
+  (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`), which overlap dgrad. A full recomputation's rerun
   forward repeats forward's collectives, exposed like them.
 * **CP** (per micro-batch, NVLink while the ``cp·tp`` ranks stay in a node, else the NICs):
   ring attention passes K/V blocks while it computes on the ones it holds (Liu et al. 2023), so

@@ -29,7 +29,7 @@ backward's mostly hide behind its GEMMs.
 forward TP collectives it exposes, backward ``B + W`` plus backward's exposed ones
 (:func:`dtlab.plan.compute.layer_compute`, :func:`dtlab.plan.exposed.tp_exposed`), and what
 the hidden collectives cost the compute beside them. It comes out within 3 % of every combined
-time (1.01–1.03), each forward 3 % fast and each backward 3–6 % slow
+time (1.01–1.02), each forward 3 % fast and each backward 3–6 % slow
 (``tests/test_plan_layer_times.py``).
 """
 

@@ -103,7 +103,9 @@ class StepTime:
 
     @property
     def tp_hideable_s(self) -> float:
-        """Of ``tp_s``, what overlap hides (backward's collectives behind wgrad)."""
+        """Of ``tp_s``, what overlap hides: backward's input-gradient reductions behind wgrad, SP's
+        re-gathers behind dgrad, and with async TP forward's collectives and SP's gathers of the
+        output gradient too."""
         return self.tp_s - self.tp_exposed_s
 
     @property

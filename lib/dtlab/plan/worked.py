@@ -82,7 +82,7 @@ def format_worked(row: WorkedPlan) -> str:
         f"    memory/GPU: {m.summary()}\n"
         f"    GB sent/GPU/step: dp {t.dp / gb:.0f}, tp {t.tp / gb:.0f}, pp {t.pp / gb:.1f}, "
         f"cp {t.cp / gb:.0f}, ep {t.ep / gb:.0f}\n"
-        f"    step {w.step_s:.2f} s = (compute {w.compute_s:.2f} + recompute {w.recompute_s:.2f} "
+        f"    step {w.step_s:.2f} s ≈ (compute {w.compute_s:.2f} + recompute {w.recompute_s:.2f} "
         f"+ exposed: tp {w.tp_exposed_s:.2f} + pp {w.pp_exposed_s:.2f} + cp {w.cp_exposed_s:.2f} "
         f"+ ep {w.ep_exposed_s:.2f}) / (1 − bubble {w.bubble:.1%}) + dp exposed "
         f"{w.dp_exposed_s:.2f}; "
