@@ -612,9 +612,10 @@ for label, plan in variants.items():
 # %% [markdown]
 # Read the first row as an interviewer would. Of TP's communication ("of TP") 0.6 is exposed
 # ("TP exp."): forward's 4 collectives of a layer's 10 and backward's 2 all-gathers of the output
-# gradient; the other 4 hide behind the backward GEMMs, and async TP removes the rest. The idle time is the bubble; interleaving and ZB-H1 shrink it. Of the DP sync ("of DP")
-# the model exposes what stage 0's last backward cannot cover, reducing bucket by bucket inside
-# that backward as DDP does. Section 5's rule is stricter: a stage's sync starts once all its
+# gradient; the other 4 hide behind the backward GEMMs, and async TP removes the rest. The idle
+# time is the bubble; interleaving and ZB-H1 shrink it. Of the DP sync ("of DP") the model exposes
+# what stage 0's last backward cannot cover, reducing bucket by bucket inside that backward as
+# DDP does. Section 5's rule is stricter: a stage's sync starts once all its
 # gradients are final. Under that rule ZB-H1's W's, which fill the drain, leave no stage any
 # slack. The two rules differ by what one backward's buckets can hide.
 

@@ -536,13 +536,13 @@ ask("performance.ep_ratio_across_nodes")
 # 153 → 141 TFLOP/s per A100 from 384 to 1,536 GPUs; ZeRO-3 without model parallelism fell 144 → 44:
 # its bytes per GPU stay constant while compute per GPU halves with every doubling.
 #
-# dtlab's planner prices each of these layouts (below: published against predicted step, MFU on
-# 6N and on 6N + causal attention). Look for: every row within ±15 % of its published step —
-# Llama 3 and DeepSeek-V3 a little fast (0.90–0.95), PTD-P within 3 % (0.97–1.00), the 1T run
-# and Korthikanti et al.'s measured Selene runs 1.02–1.14, each 2021 layout priced as Megatron-LM of 2021 ran it (no
-# sequence parallelism), and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran stage 3
-# in 2021: a collective per parameter tensor behind a device sync, host work growing with N (lab
-# 11's published-runs section).
+# dtlab's planner prices each of these layouts (below: published against predicted step, MFU on 6N
+# and on 6N + causal attention). Look for: every row within ±15 % of its published step — Llama 3
+# and DeepSeek-V3 a little fast (0.90–0.95), PTD-P within 3 % (0.97–1.00), the 1T run and
+# Korthikanti et al.'s measured Selene runs 1.02–1.14, each 2021 layout priced as Megatron-LM of
+# 2021 ran it (no sequence parallelism), and the ZeRO-3 rows (0.88–1.07) priced as DeepSpeed ran
+# stage 3 in 2021: a collective per parameter tensor behind a device sync, host work growing with
+# N (lab 11's published-runs section).
 
 # %%
 print_published_steps()

@@ -1,25 +1,25 @@
 """What one GPU computes per micro-batch, and how long it takes: GEMM shapes, attention, reruns.
 
-**Linear layers.** A token costs ``2`` FLOPs per active parameter forward; backward computes
-the input gradient (dgrad) and the weight gradient (wgrad), ``2`` each (Kaplan et al. 2020,
-Sec. 2.1) — so ``6·N`` per token, the basis of MFU. The layers' share, ``N − 2·vocab·d``
-(the input embedding does no FLOPs; the output head's ``2·vocab·d`` runs on the last stage),
-is spread evenly over the ``L`` layers (DeepSeek-V3's three dense layers, ``3·d·18,432``, cost
-what its MoE layers' nine active experts do, ``9·3·d·2,048``). Each device does ``1/tp`` of its
-layers' work for the ``b·s/cp`` tokens of its micro-batch, at the efficiency of its GEMMs'
-shapes (:func:`dtlab.plan.gemm.gemm_efficiency`: waves of output tiles on the SMs): QKV ``(n, d,
-(w + 2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` —
-``n = b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's
-routed experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens
-each (balanced routing over the EP group), each of the GPU's ``E/ep`` experts its own GEMMs, and
-its shared experts one MLP of their joint width on all ``n`` tokens. Backward runs two GEMMs per forward one ``(n, in,
-out)`` — dgrad ``(n, out, in)`` (the input gradient ``dY·Wᵀ``) and wgrad ``(in, n, out)`` (the
-weight gradient ``Xᵀ·dY``) — with the same FLOPs but their own outputs, so their own tile counts
-and waves: each pass is priced at its own GEMMs' shapes (:func:`pass_gemms`), the flop-weighted
-harmonic mean of its GEMMs' efficiencies, and so is the output head ``(n, d, V/t)``. Wave
-quantisation differs by pass: for GPT-3 175B at TP 8 on an A100 (108 SMs) the forward QKV
-GEMM's ``2,048 × 4,608`` output is 576 tiles, 5.3 waves run as 6, while its wgrad's ``12,288 ×
-4,608`` is 3,456 tiles, exactly 32 waves. Memory-bound kernels add
+**Linear layers.** A token costs ``2`` FLOPs per active parameter forward; backward computes the
+input gradient (dgrad) and the weight gradient (wgrad), ``2`` each (Kaplan et al. 2020, Sec.
+2.1) — so ``6·N`` per token, the basis of MFU. The layers' share, ``N − 2·vocab·d`` (the input
+embedding does no FLOPs; the output head's ``2·vocab·d`` runs on the last stage), is spread
+evenly over the ``L`` layers (DeepSeek-V3's three dense layers, ``3·d·18,432``, cost what its
+MoE layers' nine active experts do, ``9·3·d·2,048``). Each device does ``1/tp`` of its layers'
+work for the ``b·s/cp`` tokens of its micro-batch, at the efficiency of its GEMMs' shapes
+(:func:`dtlab.plan.gemm.gemm_efficiency`: waves of output tiles on the SMs): QKV ``(n, d, (w +
+2·kv)/t)``, output ``(n, w/t, d)``, the MLP's ``(n, d, g·f/t)`` and ``(n, f/t, d)`` — ``n =
+b·s/cp`` tokens, ``w`` the attention width, ``g`` 2 for a gated MLP. An MoE layer's routed
+experts run ``(n_e, d, 2·f_e)`` and ``(n_e, f_e, d)`` on ``n_e = n·k·ep/E`` tokens each
+(balanced routing over the EP group), each of the GPU's ``E/ep`` experts its own GEMMs, and its
+shared experts one MLP of their joint width on all ``n`` tokens. Backward runs two GEMMs per
+forward one ``(n, in, out)`` — dgrad ``(n, out, in)`` (the input gradient ``dY·Wᵀ``) and wgrad
+``(in, n, out)`` (the weight gradient ``Xᵀ·dY``) — with the same FLOPs but their own outputs, so
+their own tile counts and waves: each pass is priced at its own GEMMs' shapes
+(:func:`pass_gemms`), the flop-weighted harmonic mean of its GEMMs' efficiencies, and so is the
+output head ``(n, d, V/t)``. Wave quantisation differs by pass: for GPT-3 175B at TP 8 on an
+A100 (108 SMs) the forward QKV GEMM's ``2,048 × 4,608`` output is 576 tiles, 5.3 waves run as 6,
+while its wgrad's ``12,288 × 4,608`` is 3,456 tiles, exactly 32 waves. Memory-bound kernels add
 :data:`~dtlab.plan.constants.NON_GEMM_OVERHEAD` of each pass's GEMM time, as if sharded like the
 GEMMs; without sequence parallelism every TP rank runs the LayerNorms and dropouts on the whole
 sequence, and the redundant ``(t − 1)/t`` of them is priced from their bytes at HBM bandwidth

@@ -158,9 +158,9 @@ LayerNorms and the two bias-dropout-residual adds of a GPT block, on 2-byte acti
   runs for these widths from October 2021), each dropout's backward reads the gradient and the
   mask and writes one (5), and at each block input the residual stream's gradient is added to
   the branch's (6). A two-pass kernel — apex's ``FusedLayerNorm``, vendored by Megatron-LM of
-April 2021 as ``MixedFusedLayerNorm`` — reads the
-  output gradient and the input twice, once for the weight gradients and once for the input
-  gradient: :data:`TWO_PASS_LAYER_NORM_EXTRA_BYTES` more.
+  April 2021 as ``MixedFusedLayerNorm`` — reads the output gradient and the input twice, once
+  for the weight gradients and once for the input gradient:
+  :data:`TWO_PASS_LAYER_NORM_EXTRA_BYTES` more.
 
 :data:`NON_GEMM_OVERHEAD` prices these kernels as if sharded ``1/t`` like the GEMMs (what
 sequence parallelism does: Korthikanti et al. 2022, Sec. 4.2.2); without SP the other
@@ -174,8 +174,8 @@ without dropout moves less."""
 TWO_PASS_LAYER_NORM_EXTRA_BYTES = 8
 """Backward bytes per token and unit of width that a two-pass LayerNorm backward (apex's
 ``FusedLayerNorm`` and Megatron-LM's 2021 copy of it, ``MixedFusedLayerNorm``:
-``cuComputePartGradGammaBeta``, then ``cuComputeGradInput``) adds for a GPT
-block's two LayerNorms, reading the output gradient and the input again (2 + 2 each): 42 in all
+``cuComputePartGradGammaBeta``, then ``cuComputeGradInput``) adds for a GPT block's two
+LayerNorms, reading the output gradient and the input again (2 + 2 each): 42 in all
 instead of :data:`REPLICATED_BYTES_PER_TOKEN`'s 34, for software without the persistent kernel
 (:attr:`dtlab.plan.software.Software.persistent_layer_norm`)."""
 

@@ -20,10 +20,10 @@ What the rows measure that an iteration time cannot: the layer's own compute and
 communication, apart from the pipeline, the head and data parallelism. The paper reads two of
 them for us: sequence parallelism's 6 % faster forward "comes from the layer-norm and dropout
 layers being performed on 1/t of the data" (the redundant work TP without SP does,
-:data:`dtlab.plan.constants.REPLICATED_BYTES_PER_TOKEN`), less what SP's collectives cost beyond one all-reduce's; and full recomputation adds one
-forward to the backward (19.5 − 11.9 = 7.6 ms against a 7.7 ms forward), 39 % of the layer
-rather than the third its FLOPs are, because forward's TP collectives are exposed where
-backward's mostly hide behind its GEMMs.
+:data:`dtlab.plan.constants.REPLICATED_BYTES_PER_TOKEN`), less what SP's collectives cost beyond
+one all-reduce's; and full recomputation adds one forward to the backward (19.5 − 11.9 = 7.6 ms
+against a 7.7 ms forward), 39 % of the layer rather than the third its FLOPs are, because
+forward's TP collectives are exposed where backward's mostly hide behind its GEMMs.
 
 :func:`model_layer_times` is the planner's layer for the same plan: forward ``F`` plus the
 forward TP collectives it exposes, backward ``B + W`` plus backward's exposed ones

@@ -38,8 +38,8 @@ The presets, and the sources that date them:
   :func:`dtlab.plan.layout_cost.held_stage_outputs_by_device`), every pipeline exchange waited
   on, as in 2022 (:func:`dtlab.plan.exposed.pp_exposed_s`), and apex's two-pass LayerNorm
   backward (the persistent one-pass kernel came to Megatron-LM in October 2021, commit
-  ``a2fdcdf``: :data:`dtlab.plan.constants.TWO_PASS_LAYER_NORM_EXTRA_BYTES`) — and, as its Table 2's
-  baseline, DeepSpeed's ZeRO-3 of that year: one list collective per parameter tensor
+  ``a2fdcdf``: :data:`dtlab.plan.constants.TWO_PASS_LAYER_NORM_EXTRA_BYTES`) — and, as its
+  Table 2's baseline, DeepSpeed's ZeRO-3 of that year: one list collective per parameter tensor
   (:mod:`dtlab.plan.zero3_per_parameter`, v0.3.13), without a pipeline (DeepSpeed's pipeline
   engine refuses ZeRO-2 and 3 from v0.3.16, April 2021). Left out on purpose: DeepSpeed's
   ZeRO-1/2 (they existed, but not in the systems this paper compared), and Megatron-LM's

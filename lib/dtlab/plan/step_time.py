@@ -8,13 +8,13 @@ device (stages need not be equal), this model adds up:
   GEMM shapes sustain (waves of tiles on the SMs, :mod:`dtlab.plan.gemm`), causal attention at the
   flash kernels' efficiency, recomputation in ``B``;
 * **exposed communication** per mechanism (:mod:`dtlab.plan.exposed`: what hides each one and
-  what shows) — TP's forward collectives and, with SP, backward's gathers of the output
-  gradient (the rest of backward's hide behind its GEMMs), CP beyond the attention it overlaps (all of Llama 3's all-gather CP), EP's all-to-alls (all of
-  them, or only what outlasts a micro-batch's compute under DualPipe), PP's fill and drain hops
-  (every exchange, where the software waits on each), and the DP sync on device 0 beyond the
-  backward that follows its gradients there (ZeRO-2/3: per micro-batch, with prefetch;
-  DeepSpeed 2021's per-parameter ZeRO-3 adds its host loops and ring latencies,
-  :mod:`dtlab.plan.zero3_per_parameter`);
+  what shows) — TP's forward collectives and, with SP, backward's gathers of the output gradient
+  (the rest of backward's hide behind its GEMMs), CP beyond the attention it overlaps (all of
+  Llama 3's all-gather CP), EP's all-to-alls (all of them, or only what outlasts a micro-batch's
+  compute under DualPipe), PP's fill and drain hops (every exchange, where the software waits on
+  each), and the DP sync on device 0 beyond the backward that follows its gradients there
+  (ZeRO-2/3: per micro-batch, with prefetch; DeepSpeed 2021's per-parameter ZeRO-3 adds its host
+  loops and ring latencies, :mod:`dtlab.plan.zero3_per_parameter`);
 * **the schedule's idle time** (:func:`dtlab.cost.bubble.schedule_idle`: 1F1B, interleaved,
   ZB-H1, DualPipe/DualPipeV) from those ``F``, ``B``, ``W`` with their exposed communication.
 
