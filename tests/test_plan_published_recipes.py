@@ -1,4 +1,5 @@
-"""Recipes without a step time: the planner ranks the layout their authors recommend near its top."""
+"""Recipes without a step time: the planner ranks the layout their authors recommend near its
+top."""
 
 from __future__ import annotations
 

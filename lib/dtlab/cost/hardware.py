@@ -7,8 +7,8 @@ per GPU, and **HBM capacities are what the driver reports**, in binary units: a 
 stacks make the A100's and H100's 80 — and ``nvidia-smi`` shows each board's total in MiB:
 40,960 (A100 40GB), 81,920 (A100 80GB: 85.9e9 bytes), 81,559 (H100 SXM), 143,771 (H200,
 "141 GB") and 183,359 (B200, "180 GB"), as published ``nvidia-smi`` outputs of these GPUs read.
-The H800 is taken as the H100's 81,559: the same 80 GB of HBM3, no published total found. Until 2026-11 dtlab read them as decimal (80e9), 7 %
-short of what a plan can use.
+The H800 is taken as the H100's 81,559: the same 80 GB of HBM3, no published total found.
+Until 2026-11 dtlab read them as decimal (80e9), 7 % short of what a plan can use.
 
 Latencies (``alpha_s``) are order-of-magnitude figures for a NCCL/MPI message over that fabric,
 not datasheet values: real ones depend on protocol, message path and software. Fit your own with

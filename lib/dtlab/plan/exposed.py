@@ -14,8 +14,8 @@ Per mechanism, what is exposed and what hides it (seconds; bytes from
   all-reduce's other half moves: the all-gathers of the output gradient in front of the
   row-parallel layers (the backward of forward's reduce-scatters) feed their dgrad at once —
   exposed, unless ``async_tp`` — and SP adds the re-gathers of the stored input shards
-  (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`), which overlap dgrad. A full recomputation's rerun
-  forward repeats forward's collectives, exposed like them.
+  (:data:`dtlab.plan.wire.SP_BACKWARD_REGATHERS`), which overlap dgrad. A full recomputation's
+  rerun forward repeats forward's collectives, exposed like them.
 * **CP** (per micro-batch, NVLink while the ``cp·tp`` ranks stay in a node, else the NICs):
   ring attention passes K/V blocks while it computes on the ones it holds (Liu et al. 2023), so
   only what outlasts the attention compute of forward and backward shows; Llama 3's all-gather
@@ -60,6 +60,7 @@ from dtlab.plan.job import Requirements
 from dtlab.plan.parallel_plan import ParallelPlan
 from dtlab.plan.stages import chunk_count
 from dtlab.plan.wire import (
+    SP_BACKWARD_REGATHERS,
     kv_width_per_tp_rank,
     ring_attention_bytes_per_layer,
     tp_bytes_per_layer,
@@ -125,12 +126,13 @@ def tp_exposed(
     forward = forward_units * unit
     linear_forward = c.forward_s - c.attention_forward_s
     shown_forward = max(0.0, forward - linear_forward) if plan.async_tp else forward
-    dgrad = c.input_grad_s - c.recompute_s - 2 * c.attention_forward_s
     if plan.sequence_parallel:
         # dL/dY all-gathered before the row-parallel layers' dgrad (ḡ's backward) waits, unless
         # collective matmul splits that GEMM; the re-gathers hide behind dgrad; the
         # reduce-scatters of dL/dX behind wgrad
-        gathers, regathers, scatters = 2 * unit, (backward_units - 4) * unit, 2 * unit
+        gathers, scatters = 2 * unit, 2 * unit
+        regathers = SP_BACKWARD_REGATHERS * unit
+        dgrad = c.input_grad_s - c.recompute_s - 2 * c.attention_forward_s
         if plan.async_tp:
             shown = max(0.0, gathers + regathers - dgrad)
         else:
